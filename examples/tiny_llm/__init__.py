@@ -1,0 +1,1 @@
+"""A real, tiny LLM server for `tokentrace demo`: all latency comes from real work."""
