@@ -114,7 +114,7 @@ class _Block(nn.Module):
 
 
 class TinyTransformer(nn.Module):
-    """Pre-LayerNorm GPT-style decoder with learned positions and a tied LM head.
+    """Pre-LayerNorm GPT-style decoder with learned positions.
 
     Three entry points share the same layers:
     - `forward_full`: no cache, all logits (the reference the cache is tested against);
@@ -129,6 +129,8 @@ class TinyTransformer(nn.Module):
         self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model)
         self.blocks = nn.ModuleList(_Block(config) for _ in range(config.n_layers))
         self.ln_final = nn.LayerNorm(config.d_model)
+        # Untied: with random weights a tied head mostly echoes the last input token.
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self._init_weights(config.seed)
 
     def _init_weights(self, seed: int) -> None:
@@ -157,8 +159,7 @@ class TinyTransformer(nn.Module):
         return x.transpose(1, 2).reshape(batch, length, self.config.d_model)
 
     def _logits(self, hidden: Tensor) -> Tensor:
-        # Scaled so logits have unit-ish spread rather than sqrt(d_model).
-        return self.ln_final(hidden) @ self.tok_emb.weight.T / math.sqrt(self.config.d_model)
+        return self.lm_head(self.ln_final(hidden))
 
     def _embed(self, token_ids: Tensor, positions: Tensor) -> Tensor:
         if int(positions.max()) >= self.config.max_seq_len:

@@ -97,6 +97,8 @@ class GenerationRequest:
     temperature: float = 0.0
     seed: int | None = None
     arrival_time: float = field(default_factory=time.perf_counter)
+    # Called on the scheduler thread with the admission time (queue_wait ends); must be quick.
+    on_admitted: Callable[[float], None] | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -196,6 +198,7 @@ class Scheduler:
         *,
         kv_slots: int | None = None,
         eos_id: int | None = None,
+        suppressed_ids: list[int] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.model = model
@@ -206,6 +209,12 @@ class Scheduler:
             raise ValueError(f"kv_slots {slots} < max_batch_size {self.config.max_batch_size}")
         self.cache = KVCache(model.config, slots, device=self.device)
         self.eos_id = eos_id
+        # Token ids never sampled (e.g. lone UTF-8 bytes that would render as U+FFFD).
+        self._logit_bias: torch.Tensor | None = None
+        if suppressed_ids:
+            bias = torch.zeros(model.config.vocab_size, device=self.device)
+            bias[torch.tensor(suppressed_ids, device=self.device)] = float("-inf")
+            self._logit_bias = bias
         self.clock = clock
         self.step_index = 0
         self._step_hooks: list[StepHook] = []
@@ -359,6 +368,11 @@ class Scheduler:
             seq.admitted_at = now
             self._running.append(seq)
             admitted.append(seq)
+            if seq.request.on_admitted is not None:
+                try:
+                    seq.request.on_admitted(now)
+                except Exception:
+                    logger.exception("on_admitted callback for %s failed", seq.request_id)
         return admitted
 
     def _schedule(self) -> StepPlan:
@@ -420,11 +434,15 @@ class Scheduler:
         return self.model.decode(self.cache, [s.slot for s in seqs], ids)
 
     def _sample_batch(self, seqs: tuple[Sequence, ...], logits: torch.Tensor) -> list[int]:
+        if self._logit_bias is not None:
+            logits = logits + self._logit_bias
         if all(s.generator is None for s in seqs):
             return [int(t) for t in logits.argmax(dim=-1).tolist()]
         return [self._sample(seq, logits[i : i + 1])[0] for i, seq in enumerate(seqs)]
 
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> list[int]:
+        if self._logit_bias is not None:
+            logits = logits + self._logit_bias
         if seq.generator is None:
             return [int(t) for t in logits.argmax(dim=-1).tolist()]
         probs = torch.softmax(logits / seq.request.temperature, dim=-1)

@@ -1,0 +1,1 @@
+"""tokentrace's analyzer: four-bucket attribution, percentiles and the diagnosis."""

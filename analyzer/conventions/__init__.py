@@ -1,0 +1,18 @@
+"""One small adapter per span convention: spans of one trace in, request summaries out.
+
+Each adapter module exposes ``NAME`` and ``summarize(trace: TraceView) ->
+list[RequestSummary]`` (empty when the trace holds no request of its
+convention).  `ADAPTERS` is tried in order; the first that yields wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from tokentrace.analyzer.conventions import tokentrace_sdk
+from tokentrace.analyzer.summary import RequestSummary
+from tokentrace.analyzer.trace_view import TraceView
+
+Adapter = Callable[[TraceView], list[RequestSummary]]
+
+ADAPTERS: Sequence[tuple[str, Adapter]] = ((tokentrace_sdk.NAME, tokentrace_sdk.summarize),)

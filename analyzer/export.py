@@ -1,0 +1,59 @@
+"""`tokentrace requests`: one row per request (DESIGN.md §6) as JSONL, CSV or Parquet."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import IO, Any
+
+import duckdb
+
+from tokentrace.analyzer.filters import Filters
+from tokentrace.analyzer.summary import COLUMNS
+
+FORMATS = ("jsonl", "csv", "parquet")
+
+
+def requests_table(conn: duckdb.DuckDBPyConnection, filters: Filters, limit: int | None = None) -> Any:
+    """Gives the filtered requests as an Arrow table, oldest first, with an ISO `start`."""
+    where, params = filters.where()
+    cols = ", ".join(c if c != "start_ns" else "start_ns, make_timestamp(start_ns // 1000) AS start" for c in COLUMNS)
+    sql = f"SELECT {cols} FROM requests {where} ORDER BY start_ns"  # noqa: S608 - fixed column names, bound values
+    if limit is not None:
+        sql += " LIMIT ?"
+        params = [*params, int(limit)]
+    # the relation API hands Arrow over without the DB-API's extra copy
+    return conn.sql(sql, params=params).to_arrow_table()
+
+
+def write_requests(
+    conn: duckdb.DuckDBPyConnection,
+    filters: Filters,
+    fmt: str,
+    out: IO[bytes] | None = None,
+    limit: int | None = None,
+) -> int:
+    """Writes the requests to `out` (stdout by default); gives the row count."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, not {fmt!r}")
+    table = requests_table(conn, filters, limit)
+    out = out or sys.stdout.buffer
+    if fmt == "jsonl":
+        for row in table.to_pylist():
+            row["start"] = row["start"].isoformat() + "Z" if row["start"] is not None else None
+            out.write(json.dumps(row, default=str).encode() + b"\n")
+    elif fmt == "csv":
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+
+        # CSV has no lists: flags become a ;-joined string
+        idx = table.schema.get_field_index("flags")
+        flags = pa.array([";".join(f or []) for f in table.column("flags").to_pylist()])
+        table = table.set_column(idx, "flags", flags)
+        pacsv.write_csv(table, out)
+    else:
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, out)
+    out.flush()
+    return table.num_rows

@@ -1,0 +1,45 @@
+"""Inter-token gap statistics from token times (ITL, TPOT, stalls)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokentrace.analyzer.summary import RequestSummary
+
+#: A gap is a stall when it is this many times the request's median gap and at
+#: least STALL_MIN_MS long: the user sees the stream freeze.
+STALL_FACTOR = 4.0
+STALL_MIN_MS = 50.0
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Gives the q-quantile (linear interpolation) of already sorted values."""
+    if not sorted_values:
+        raise ValueError("quantile of no values")
+    pos = (len(sorted_values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def apply_token_times(summary: RequestSummary, offsets_ms: Sequence[float]) -> None:
+    """Fills ITL percentiles, max, stall count and the gap list from token times."""
+    gaps = [b - a for a, b in zip(offsets_ms, offsets_ms[1:])]
+    summary.itl_gaps_ms = gaps
+    if not gaps:
+        return
+    ordered = sorted(gaps)
+    median = quantile(ordered, 0.5)
+    summary.itl_p50_ms = median
+    summary.itl_p95_ms = quantile(ordered, 0.95)
+    summary.itl_p99_ms = quantile(ordered, 0.99)
+    summary.itl_max_ms = ordered[-1]
+    threshold = max(STALL_FACTOR * median, STALL_MIN_MS)
+    summary.stall_count = sum(1 for g in gaps if g > threshold)
+
+
+def apply_tpot(summary: RequestSummary) -> None:
+    """TPOT = decode / (output_tokens − 1), where there is more than one token."""
+    n = summary.output_tokens
+    if n is not None and n > 1:
+        summary.tpot_ms = summary.decode_ms / (n - 1)

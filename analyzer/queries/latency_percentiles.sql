@@ -1,0 +1,26 @@
+-- p50/p90/p95/p99 of the per-request latencies, plus counts.
+-- The filtered request set arrives as the CTE `req` (see analyzer/filters.py).
+SELECT
+    count(*)                                            AS requests,
+    count(*) FILTER (WHERE kept)                        AS kept,
+    count(*) FILTER (WHERE error)                       AS errors,
+    count(*) FILTER (WHERE network_ms IS NOT NULL)      AS with_network,
+    quantile_cont(e2e_ms, [0.5, 0.9, 0.95, 0.99])       AS e2e,
+    quantile_cont(ttft_ms, [0.5, 0.9, 0.95, 0.99])      AS ttft,
+    quantile_cont(ttft_client_ms, [0.5, 0.9, 0.95, 0.99]) AS ttft_client,
+    quantile_cont(tpot_ms, [0.5, 0.9, 0.95, 0.99])      AS tpot,
+    quantile_cont(network_ms, [0.5, 0.9, 0.95, 0.99])   AS network,
+    quantile_cont(queue_ms, [0.5, 0.9, 0.95, 0.99])     AS queue,
+    quantile_cont(prefill_ms, [0.5, 0.9, 0.95, 0.99])   AS prefill,
+    quantile_cont(decode_ms, [0.5, 0.9, 0.95, 0.99])    AS decode,
+    sum(e2e_ms)                                         AS e2e_total,
+    sum(coalesce(network_ms, 0))                        AS network_total,
+    sum(queue_ms)                                       AS queue_total,
+    sum(prefill_ms)                                     AS prefill_total,
+    sum(decode_ms)                                      AS decode_total,
+    sum(queue_wait_ms)                                  AS queue_wait_total,
+    sum(tokenize_ms)                                    AS tokenize_total,
+    sum(other_ms)                                       AS other_total,
+    min(start_ns)                                       AS first_start_ns,
+    max(start_ns)                                       AS last_start_ns
+FROM req

@@ -1,0 +1,73 @@
+"""Renderers of the report data: text for terminals, JSON for tools."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tokentrace.analyzer.report import BUCKETS, PERCENTILES
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "—"
+    return f"{v / 1000:.2f} s" if v >= 10_000 else f"{v:.1f} ms"
+
+
+def render_json(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=2, default=str)
+
+
+def render_text(report: dict[str, Any]) -> str:
+    """Gives the report as plain text, readable at a glance in a terminal."""
+    req = report["requests"]
+    lines = [
+        "tokentrace report",
+        f"requests: {req['count']}  (kept traces: {req['kept_traces']}, errors: {req['errors']})",
+        "",
+    ]
+    if not req["count"]:
+        lines.append("No requests in this window yet: point your server's OTLP exporter at the collector.")
+        return "\n".join(lines) + "\n"
+    lines.append(f"{'latency':<12}" + "".join(f"{p:>11}" for p in PERCENTILES))
+    labels = {
+        "e2e": "end-to-end",
+        "ttft": "TTFT",
+        "ttft_client": "TTFT (user)",
+        "tpot": "TPOT",
+        "itl": "ITL",
+    }
+    for key, label in labels.items():
+        row = report["latency"][key]
+        if all(v is None for v in row.values()):
+            continue
+        lines.append(f"{label:<12}" + "".join(f"{_ms(row[p]):>11}" for p in PERCENTILES))
+    lines += ["", "where the time goes (share of all end-to-end time)"]
+    for b in BUCKETS:
+        bucket = report["buckets"][b]
+        if b == "network" and not bucket.get("measured"):
+            lines.append(f"  {'network':<9} not measured (no client spans: instrument the client)")
+            continue
+        share = bucket["share"]
+        bar = "█" * round((share or 0) * 40)
+        lines.append(
+            f"  {b:<9} {(share or 0) * 100:5.1f} %  {bar:<40} p50 {_ms(bucket['p50'])}, p99 {_ms(bucket['p99'])}"
+        )
+    parts = report["buckets"]["queue"].get("parts") or {}
+    if any(parts.values()):
+        lines.append(
+            "            queue = "
+            + ", ".join(f"{k} {(v or 0) * 100:.0f} %" for k, v in parts.items())
+        )
+    findings = report.get("findings") or []
+    lines += ["", "diagnosis"]
+    if not findings:
+        lines.append("  No latency complaint stands out in this window.")
+    for i, f in enumerate(findings, 1):
+        lines.append(f"  {i}. [{f['complaint']}] {f['title']}  (confidence {f['confidence']:.0%})")
+        for ev in f.get("evidence", []):
+            lines.append(f"       - {ev if isinstance(ev, str) else ev.get('text', ev)}")
+        lines.append(f"       fix first: {f['fix_first']}")
+        if f.get("example_traces"):
+            lines.append(f"       example traces: {', '.join(f['example_traces'][:3])}")
+    return "\n".join(lines) + "\n"

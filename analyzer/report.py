@@ -1,0 +1,101 @@
+"""The report data function: one window of requests in, the DESIGN.md §6 JSON out.
+
+The CLI's text/markdown/json/html renderers and the web explorer all call
+`build_report`; nothing renders from anywhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import duckdb
+
+from tokentrace.analyzer import queries
+from tokentrace.analyzer.filters import Filters
+from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
+
+PERCENTILES = ("p50", "p90", "p95", "p99")
+BUCKETS = ("network", "queue", "prefill", "decode")
+
+
+def _pcts(values: list[float] | None) -> dict[str, float | None]:
+    if not values:
+        return dict.fromkeys(PERCENTILES)
+    return {name: (None if v is None else round(float(v), 3)) for name, v in zip(PERCENTILES, values)}
+
+
+def run_query(
+    conn: duckdb.DuckDBPyConnection, name: str, filters: Filters, extra: list[Any] | None = None
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Runs named query `name` over the filtered `req` CTE; gives columns and rows."""
+    cte, params = filters.cte()
+    cur = conn.execute(f"{cte}\n{queries.load(name)}", params + (extra or []))
+    cols = [d[0] for d in cur.description or []]
+    return cols, cur.fetchall()
+
+
+def itl_percentiles(conn: duckdb.DuckDBPyConnection, filters: Filters) -> dict[str, float | None]:
+    """ITL percentiles over every inter-token gap of the window (from the histograms)."""
+    _, rows = run_query(conn, "itl_histogram", filters)
+    total = sum(n for _, n in rows)
+    if not total:
+        return dict.fromkeys(PERCENTILES)
+    out: dict[str, float | None] = {}
+    bounds = ITL_BUCKET_BOUNDS_MS
+    for name, q in zip(PERCENTILES, (0.5, 0.9, 0.95, 0.99)):
+        rank = q * total
+        seen = 0
+        for bucket, n in rows:
+            seen += n
+            if seen >= rank:
+                # geometric middle of the bucket: ~6 % error at most
+                hi = bounds[bucket] if bucket < len(bounds) else bounds[-1] * 1.12
+                lo = bounds[bucket - 1] if bucket > 0 else 0.0
+                out[name] = round((lo * hi) ** 0.5 if lo else hi, 3)
+                break
+    return out
+
+
+def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> dict[str, Any]:
+    """Gives the report of the window: requests, latency, buckets, findings."""
+    filters = filters or Filters()
+    cols, rows = run_query(conn, "latency_percentiles", filters)
+    r = dict(zip(cols, rows[0]))
+    e2e_total = r["e2e_total"] or 0.0
+    buckets: dict[str, Any] = {}
+    for b in BUCKETS:
+        total = r[f"{b}_total"] or 0.0
+        buckets[b] = {
+            **_pcts(r[b]),
+            "share": round(total / e2e_total, 4) if e2e_total else None,
+        }
+    buckets["network"]["measured"] = bool(r["with_network"])
+    queue_total = r["queue_total"] or 0.0
+    buckets["queue"]["parts"] = {
+        part: round((r[f"{part}_total"] or 0.0) / queue_total, 4) if queue_total else None
+        for part in ("queue_wait", "tokenize", "other")
+    }
+    report: dict[str, Any] = {
+        "window": {
+            "start_ns": r["first_start_ns"],
+            "end_ns": r["last_start_ns"],
+            "filters": {k: v for k, v in asdict(filters).items() if v is not None},
+        },
+        "requests": {
+            "count": r["requests"],
+            "kept_traces": r["kept"],
+            "errors": r["errors"],
+            "with_client_span": r["with_network"],
+        },
+        "latency": {
+            "e2e": _pcts(r["e2e"]),
+            "ttft": _pcts(r["ttft"]),
+            "ttft_client": _pcts(r["ttft_client"]),
+            "tpot": _pcts(r["tpot"]),
+            "itl": itl_percentiles(conn, filters),
+        },
+        "buckets": buckets,
+        "findings": [],
+    }
+    return report

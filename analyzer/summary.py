@@ -1,0 +1,73 @@
+"""The request summary (DESIGN.md §2): one row per request, kept or not.
+
+Field names are the column names of the `requests` table and of
+`tokentrace requests` output; times are milliseconds unless the name says
+otherwise.  `None` means "not measured", never zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+# Flags set when attribution had to clamp or reconcile (DESIGN.md §2).
+FLAG_NEGATIVE_NETWORK = "negative_network"
+FLAG_BUCKET_EXCEEDS_E2E = "bucket_exceeds_e2e"
+FLAG_SOURCES_DISAGREE = "sources_disagree"
+FLAG_NO_TOKEN_TIMES = "no_token_times"
+FLAG_ROOT_MISSING = "root_missing"
+
+
+@dataclass(slots=True)
+class RequestSummary:
+    trace_id: str
+    request_id: str
+    start_ns: int
+    e2e_ms: float
+    queue_ms: float
+    prefill_ms: float
+    decode_ms: float
+    network_ms: float | None = None
+    server_ms: float = 0.0
+    # queue sub-parts (they add up to queue_ms)
+    queue_wait_ms: float = 0.0
+    tokenize_ms: float = 0.0
+    other_ms: float = 0.0
+    ttft_ms: float | None = None  # as the server saw it
+    ttft_client_ms: float | None = None  # as the user saw it
+    tpot_ms: float | None = None
+    itl_p50_ms: float | None = None
+    itl_p95_ms: float | None = None
+    itl_p99_ms: float | None = None
+    itl_max_ms: float | None = None
+    stall_count: int | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    model: str = ""
+    tenant: str = ""
+    traffic_class: str = "interactive"
+    service: str = ""
+    instance: str = ""
+    environment: str = ""
+    route: str = ""
+    cold_start: bool = False
+    error: bool = False
+    gpu_util_mean: float | None = None
+    gpu_mem_max_bytes: int | None = None
+    source: str = ""  # the span convention it came from: tokentrace, vllm, sglang, tgi, genai
+    flags: list[str] = field(default_factory=list)
+    # filled by the collector at decision time
+    kept: bool = False
+    sample_reason: str = ""
+    sample_weight: float = 1.0
+    #: inter-token gaps in ms (not stored as a column; used for ITL percentiles)
+    itl_gaps_ms: list[float] = field(default_factory=list)
+
+    def as_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row.pop("itl_gaps_ms")
+        return row
+
+
+#: Column order of the `requests` table and of `tokentrace requests` output.
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestSummary) if f.name != "itl_gaps_ms")

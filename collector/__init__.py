@@ -1,0 +1,1 @@
+"""tokentrace's collector: OTLP receivers, tail-based sampling, the DuckDB writer."""

@@ -1,0 +1,224 @@
+"""OTLP trace payloads (protobuf or JSON) decoded into the analyzer's `Span` records."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from tokentrace.analyzer.spans import Span, SpanEvent, SpanLink
+
+
+class OtlpDecodeError(ValueError):
+    """The payload is not a valid OTLP trace export; the message says why."""
+
+
+# ---- protobuf ---------------------------------------------------------------
+def _any_value(v: AnyValue) -> Any:
+    which = v.WhichOneof("value")
+    if which == "string_value":
+        return v.string_value
+    if which == "int_value":
+        return v.int_value
+    if which == "double_value":
+        return v.double_value
+    if which == "bool_value":
+        return v.bool_value
+    if which == "array_value":
+        return [_any_value(x) for x in v.array_value.values]
+    if which == "kvlist_value":
+        return {kv.key: _any_value(kv.value) for kv in v.kvlist_value.values}
+    if which == "bytes_value":
+        return base64.b64encode(v.bytes_value).decode("ascii")
+    return None
+
+
+def _attrs(kvs: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    kv: KeyValue
+    for kv in kvs:
+        out[kv.key] = _any_value(kv.value)
+    return out
+
+
+def _span_id(raw: bytes, what: str, size: int) -> str:
+    if len(raw) != size:
+        raise OtlpDecodeError(f"{what} must be {size} bytes, got {len(raw)}")
+    return raw.hex()
+
+
+def decode_protobuf(body: bytes) -> list[Span]:
+    """Gives the spans of a protobuf `ExportTraceServiceRequest`."""
+    request = ExportTraceServiceRequest()
+    try:
+        request.ParseFromString(body)
+    except (DecodeError, ValueError) as exc:
+        raise OtlpDecodeError(f"invalid OTLP protobuf: {exc}") from exc
+    return spans_from_request(request)
+
+
+def spans_from_request(request: ExportTraceServiceRequest) -> list[Span]:
+    """Gives the spans of an already-parsed request (shared by HTTP and gRPC)."""
+    spans: list[Span] = []
+    for rs in request.resource_spans:
+        resource = _attrs(rs.resource.attributes)
+        for ss in rs.scope_spans:
+            scope = ss.scope.name
+            for ps in ss.spans:
+                parent = ps.parent_span_id
+                spans.append(
+                    Span(
+                        trace_id=_span_id(ps.trace_id, "traceId", 16),
+                        span_id=_span_id(ps.span_id, "spanId", 8),
+                        parent_span_id=_span_id(parent, "parentSpanId", 8) if parent else "",
+                        name=ps.name,
+                        kind=int(ps.kind),
+                        start_ns=int(ps.start_time_unix_nano),
+                        end_ns=int(ps.end_time_unix_nano),
+                        attributes=_attrs(ps.attributes),
+                        resource=resource,
+                        status_code=int(ps.status.code),
+                        status_message=ps.status.message,
+                        events=[
+                            SpanEvent(e.name, int(e.time_unix_nano), _attrs(e.attributes))
+                            for e in ps.events
+                        ],
+                        links=[
+                            SpanLink(lk.trace_id.hex(), lk.span_id.hex(), _attrs(lk.attributes))
+                            for lk in ps.links
+                        ],
+                        scope=scope,
+                    )
+                )
+    return spans
+
+
+# ---- JSON (OTLP/JSON: camelCase keys, hex ids, int64 as strings) -------------
+def _j_value(v: Any) -> Any:
+    if not isinstance(v, Mapping):
+        raise OtlpDecodeError(f"attribute value must be an object, got {type(v).__name__}")
+    if "stringValue" in v:
+        return str(v["stringValue"])
+    if "intValue" in v:
+        return _j_int(v["intValue"], "intValue")
+    if "doubleValue" in v:
+        try:
+            return float(v["doubleValue"])
+        except (TypeError, ValueError) as exc:
+            raise OtlpDecodeError(f"invalid doubleValue {v['doubleValue']!r}") from exc
+    if "boolValue" in v:
+        return bool(v["boolValue"])
+    if "arrayValue" in v:
+        return [_j_value(x) for x in (v["arrayValue"] or {}).get("values", [])]
+    if "kvlistValue" in v:
+        return _j_attrs((v["kvlistValue"] or {}).get("values", []))
+    if "bytesValue" in v:
+        return str(v["bytesValue"])
+    return None
+
+
+def _j_attrs(kvs: Any) -> dict[str, Any]:
+    if kvs is None:
+        return {}
+    if not isinstance(kvs, list):
+        raise OtlpDecodeError("attributes must be a list")
+    out: dict[str, Any] = {}
+    for kv in kvs:
+        if not isinstance(kv, Mapping) or not isinstance(kv.get("key"), str):
+            raise OtlpDecodeError("each attribute needs a string key")
+        out[kv["key"]] = _j_value(kv.get("value") or {})
+    return out
+
+
+def _j_int(v: Any, what: str) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError) as exc:
+        raise OtlpDecodeError(f"{what} must be an integer, got {v!r}") from exc
+
+
+def _j_id(v: Any, what: str, size: int, required: bool = True) -> str:
+    if not v:
+        if required:
+            raise OtlpDecodeError(f"{what} is required")
+        return ""
+    if not isinstance(v, str):
+        raise OtlpDecodeError(f"{what} must be a hex string")
+    try:
+        raw = bytes.fromhex(v)
+    except ValueError:
+        # Some exporters send base64 (protobuf's canonical JSON for bytes).
+        try:
+            raw = base64.b64decode(v, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise OtlpDecodeError(f"{what} is neither hex nor base64: {v!r}") from exc
+    if len(raw) != size:
+        raise OtlpDecodeError(f"{what} must be {size} bytes, got {len(raw)}")
+    return raw.hex()
+
+
+def decode_json(doc: Any) -> list[Span]:
+    """Gives the spans of an OTLP/JSON export document (already parsed)."""
+    try:
+        return _decode_json(doc)
+    except (AttributeError, TypeError) as exc:  # a wrong type somewhere deep in the body
+        raise OtlpDecodeError(f"invalid OTLP JSON structure: {exc}") from exc
+
+
+def _decode_json(doc: Any) -> list[Span]:
+    if not isinstance(doc, Mapping):
+        raise OtlpDecodeError("OTLP JSON body must be an object with resourceSpans")
+    resource_spans = doc.get("resourceSpans", doc.get("resource_spans"))
+    if resource_spans is None:
+        raise OtlpDecodeError("OTLP JSON body has no resourceSpans")
+    if not isinstance(resource_spans, list):
+        raise OtlpDecodeError("resourceSpans must be a list")
+    spans: list[Span] = []
+    for rs in resource_spans:
+        if not isinstance(rs, Mapping):
+            raise OtlpDecodeError("each resourceSpans entry must be an object")
+        resource = _j_attrs((rs.get("resource") or {}).get("attributes"))
+        for ss in rs.get("scopeSpans") or rs.get("scope_spans") or []:
+            scope = str((ss.get("scope") or {}).get("name", ""))
+            for ps in ss.get("spans") or []:
+                if not isinstance(ps, Mapping):
+                    raise OtlpDecodeError("each span must be an object")
+                status = ps.get("status") or {}
+                spans.append(
+                    Span(
+                        trace_id=_j_id(ps.get("traceId"), "traceId", 16),
+                        span_id=_j_id(ps.get("spanId"), "spanId", 8),
+                        parent_span_id=_j_id(ps.get("parentSpanId"), "parentSpanId", 8, False),
+                        name=str(ps.get("name", "")),
+                        kind=_j_int(ps.get("kind", 0), "kind"),
+                        start_ns=_j_int(ps.get("startTimeUnixNano", 0), "startTimeUnixNano"),
+                        end_ns=_j_int(ps.get("endTimeUnixNano", 0), "endTimeUnixNano"),
+                        attributes=_j_attrs(ps.get("attributes")),
+                        resource=resource,
+                        status_code=_j_int(status.get("code", 0), "status.code"),
+                        status_message=str(status.get("message", "")),
+                        events=[
+                            SpanEvent(
+                                str(e.get("name", "")),
+                                _j_int(e.get("timeUnixNano", 0), "timeUnixNano"),
+                                _j_attrs(e.get("attributes")),
+                            )
+                            for e in ps.get("events") or []
+                        ],
+                        links=[
+                            SpanLink(
+                                _j_id(lk.get("traceId"), "link traceId", 16),
+                                _j_id(lk.get("spanId"), "link spanId", 8),
+                                _j_attrs(lk.get("attributes")),
+                            )
+                            for lk in ps.get("links") or []
+                        ],
+                        scope=scope,
+                    )
+                )
+    return spans

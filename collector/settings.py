@@ -1,0 +1,97 @@
+"""The collector's settings: one typed object, flag → environment variable → default."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from tokentrace.store.connection import DB_ENV, resolve_db_path
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorSettings:
+    """Every setting of `tokentrace serve`; `ENV` names each one's variable."""
+
+    db: Path = Path("tokentrace.duckdb")
+    host: str = "127.0.0.1"
+    http_port: int = 4318
+    grpc_port: int = 4317
+    web_port: int = 8600
+    grace_s: float = 2.0
+    decision_wait_s: float = 30.0
+    baseline: float = 0.02
+    max_buffered_spans: int = 200_000
+    max_body_bytes: int = 16 * 1024 * 1024
+    slo_ttft_ms: float | None = None
+    slo_e2e_ms: float | None = None
+    slo_itl_ms: float | None = None
+    api_token: str | None = None
+
+    def __post_init__(self) -> None:
+        for port_name in ("http_port", "grpc_port", "web_port"):
+            port = getattr(self, port_name)
+            if not 0 <= port <= 65535:
+                raise ValueError(f"{port_name} must be 0..65535, got {port}")
+        if not 0.0 <= self.baseline <= 1.0:
+            raise ValueError(f"baseline must be in [0, 1], got {self.baseline}")
+        if self.grace_s < 0 or self.decision_wait_s <= 0:
+            raise ValueError("grace_s must be >= 0 and decision_wait_s > 0")
+        if self.max_buffered_spans <= 0 or self.max_body_bytes <= 0:
+            raise ValueError("max_buffered_spans and max_body_bytes must be positive")
+
+
+#: Environment variable of each setting.
+ENV: dict[str, str] = {f.name: f"TOKENTRACE_{f.name.upper()}" for f in fields(CollectorSettings)}
+ENV["db"] = DB_ENV
+
+HELP: dict[str, str] = {
+    "db": "DuckDB file",
+    "host": "address every server binds (127.0.0.1 unless told otherwise)",
+    "http_port": "OTLP/HTTP port (/v1/traces, /v1/metrics)",
+    "grpc_port": "OTLP/gRPC port",
+    "web_port": "web UI and JSON API port",
+    "grace_s": "seconds to wait after a trace's root span ends before deciding",
+    "decision_wait_s": "decide traces whose root never ends after this many seconds",
+    "baseline": "probability of keeping an unremarkable trace",
+    "max_buffered_spans": "bound of the tail buffer; beyond it receivers answer 503",
+    "max_body_bytes": "largest accepted request body (also after gzip)",
+    "slo_ttft_ms": "keep every trace whose TTFT exceeds this",
+    "slo_e2e_ms": "keep every trace whose end-to-end time exceeds this",
+    "slo_itl_ms": "keep every trace whose largest inter-token gap exceeds this",
+    "api_token": "bearer token required by the web UI and API (none by default)",
+}
+
+
+def resolve(explicit: dict[str, Any] | None = None) -> CollectorSettings:
+    """Builds the settings: explicit (non-None) values, else environment, else default."""
+    explicit = explicit or {}
+    values: dict[str, Any] = {}
+    for f in fields(CollectorSettings):
+        value = explicit.get(f.name)
+        if value is None:
+            raw = os.environ.get(ENV[f.name])
+            if raw is not None and raw != "":
+                value = _convert(f.name, raw)
+        if value is not None:
+            values[f.name] = value
+    if "db" in values or DB_ENV in os.environ:
+        values["db"] = resolve_db_path(values.get("db"))
+    return CollectorSettings(**values)
+
+
+def _convert(name: str, raw: str) -> Any:
+    default = CollectorSettings.__dataclass_fields__[name].default
+    try:
+        if name == "db":
+            return Path(raw)
+        if isinstance(default, bool):
+            return raw.lower() in ("1", "true", "yes", "on")
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float) or name.startswith("slo_"):
+            return float(raw)
+    except ValueError as exc:
+        raise ValueError(f"{ENV[name]}={raw!r} is not a valid {name}") from exc
+    return raw

@@ -1,0 +1,243 @@
+"""The single DuckDB writer: one thread, fed by a bounded queue, owns the connection.
+
+Everything the collector stores goes through here, so there is exactly one
+write connection (DuckDB allows one writer process) and inserts are batched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from tokentrace.analyzer.engine_steps import EngineStep
+from tokentrace.analyzer.spans import Span
+from tokentrace.analyzer.summary import COLUMNS, RequestSummary
+from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
+
+logger = logging.getLogger("tokentrace.collector")
+
+
+@dataclass(slots=True)
+class KeptTrace:
+    trace_id: str
+    reason: str
+    weight: float
+    decided_ns: int
+    spans: Sequence[Span]
+
+
+@dataclass(slots=True)
+class WriteBatch:
+    """What one decision round hands to the writer."""
+
+    requests: list[RequestSummary] = field(default_factory=list)
+    kept: list[KeptTrace] = field(default_factory=list)
+    late_spans: list[Span] = field(default_factory=list)
+    engine_steps: list[EngineStep] = field(default_factory=list)
+    gpu_samples: list[dict[str, Any]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.requests or self.kept or self.late_spans or self.engine_steps or self.gpu_samples
+        )
+
+
+def itl_histogram(gaps_ms: Sequence[float]) -> list[int]:
+    """Gives gap counts over `ITL_BUCKET_BOUNDS_MS` (+1 overflow bucket)."""
+    import bisect
+
+    counts = [0] * (len(ITL_BUCKET_BOUNDS_MS) + 1)
+    for g in gaps_ms:
+        counts[bisect.bisect_left(ITL_BUCKET_BOUNDS_MS, g)] += 1
+    return counts
+
+
+def _span_rows(spans: Sequence[Span]) -> dict[str, list[Any]]:
+    cols: dict[str, list[Any]] = {
+        k: []
+        for k in (
+            "trace_id span_id parent_span_id name kind start_ns end_ns status_code "
+            "status_message service_name scope attributes events links resource"
+        ).split()
+    }
+    for s in spans:
+        cols["trace_id"].append(s.trace_id)
+        cols["span_id"].append(s.span_id)
+        cols["parent_span_id"].append(s.parent_span_id)
+        cols["name"].append(s.name)
+        cols["kind"].append(s.kind)
+        cols["start_ns"].append(s.start_ns)
+        cols["end_ns"].append(s.end_ns)
+        cols["status_code"].append(s.status_code)
+        cols["status_message"].append(s.status_message)
+        cols["service_name"].append(s.service_name)
+        cols["scope"].append(s.scope)
+        cols["attributes"].append(json.dumps(s.attributes, default=str))
+        cols["events"].append(json.dumps([asdict(e) for e in s.events], default=str))
+        cols["links"].append(json.dumps([asdict(lk) for lk in s.links], default=str))
+        cols["resource"].append(json.dumps(s.resource, default=str))
+    return cols
+
+
+class Writer:
+    """Owns the write connection; `submit()` never blocks (False when full)."""
+
+    def __init__(
+        self,
+        conn: duckdb.DuckDBPyConnection,
+        max_pending: int = 256,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._conn = conn
+        self._queue: queue.Queue[WriteBatch | None] = queue.Queue(maxsize=max_pending)
+        self._clock = clock
+        self._thread = threading.Thread(target=self._run, name="tokentrace-writer", daemon=True)
+        self._stopped = False
+        self.rows_written = 0
+        self.write_errors = 0
+        self.last_write_seconds = 0.0
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def capacity(self) -> int:
+        return self._queue.maxsize
+
+    def submit(self, batch: WriteBatch) -> bool:
+        """Queues a batch for writing; gives False (nothing queued) when full."""
+        if not batch:
+            return True
+        try:
+            self._queue.put_nowait(batch)
+            return True
+        except queue.Full:
+            return False
+
+    def submit_wait(self, batch: WriteBatch, timeout: float | None = None) -> bool:
+        """Queues a batch, waiting for room (decision rounds, shutdown flush)."""
+        if not batch:
+            return True
+        try:
+            self._queue.put(batch, timeout=timeout)
+            return True
+        except queue.Full:
+            return False
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Waits until everything queued so far is written."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Writes what is queued, then stops the thread; safe to call twice."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._queue.put(None)
+        self._thread.join(timeout)
+        try:
+            self._conn.execute("CHECKPOINT")
+        except duckdb.Error:
+            logger.exception("checkpoint at close failed")
+
+    # ---- writer thread -------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                self._queue.task_done()
+                return
+            # Coalesce whatever else is waiting into one transaction.
+            items = [item]
+            stop = False
+            while len(items) < 64:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                items.append(nxt)
+            try:
+                self._write(items)
+            except Exception:
+                self.write_errors += 1
+                logger.exception("tokentrace: write of %d batches failed", len(items))
+            finally:
+                for _ in items:
+                    self._queue.task_done()
+            if stop:
+                self._queue.task_done()
+                return
+
+    def _write(self, items: list[WriteBatch]) -> None:
+        t0 = time.perf_counter()
+        requests = [r for b in items for r in b.requests]
+        spans = [s for b in items for k in b.kept for s in k.spans] + [
+            s for b in items for s in b.late_spans
+        ]
+        kept = [k for b in items for k in b.kept]
+        steps = [st for b in items for st in b.engine_steps]
+        samples = [g for b in items for g in b.gpu_samples]
+        conn = self._conn
+        conn.execute("BEGIN TRANSACTION")
+        try:
+            if requests:
+                rows = [r.as_row() for r in requests]
+                table = pa.table({c: [row[c] for row in rows] for c in COLUMNS})
+                conn.register("_new_requests", table)
+                conn.execute(f"INSERT INTO requests ({', '.join(COLUMNS)}) SELECT * FROM _new_requests")  # noqa: S608 - fixed column names
+                conn.unregister("_new_requests")
+                hist = pa.table(
+                    {
+                        "trace_id": [r.trace_id for r in requests],
+                        "request_id": [r.request_id for r in requests],
+                        "start_ns": [r.start_ns for r in requests],
+                        "counts": [itl_histogram(r.itl_gaps_ms) for r in requests],
+                    }
+                )
+                conn.register("_new_hist", hist)
+                conn.execute("INSERT INTO itl_hist SELECT * FROM _new_hist")
+                conn.unregister("_new_hist")
+            if spans:
+                conn.register("_new_spans", pa.table(_span_rows(spans)))
+                conn.execute("INSERT INTO spans SELECT * FROM _new_spans")
+                conn.unregister("_new_spans")
+            if kept:
+                conn.executemany(
+                    "INSERT INTO kept_traces VALUES (?, ?, ?, ?, ?)",
+                    [[k.trace_id, k.reason, k.weight, k.decided_ns, len(k.spans)] for k in kept],
+                )
+            if steps:
+                conn.register(
+                    "_new_steps",
+                    pa.table({f: [getattr(st, f) for st in steps] for f in EngineStep.__slots__}),
+                )
+                cols = ", ".join(EngineStep.__slots__)
+                conn.execute(f"INSERT INTO engine_steps ({cols}) SELECT {cols} FROM _new_steps")  # noqa: S608 - dataclass field names
+                conn.unregister("_new_steps")
+            if samples:
+                conn.register("_new_gpu", pa.Table.from_pylist(samples))
+                names = ", ".join(samples[0].keys())
+                conn.execute(f"INSERT INTO gpu_samples ({names}) SELECT {names} FROM _new_gpu")  # noqa: S608 - fixed keys from the metrics decoder
+                conn.unregister("_new_gpu")
+            conn.execute("COMMIT")
+        except Exception:
+            conn.execute("ROLLBACK")
+            raise
+        self.rows_written += len(requests) + len(spans) + len(steps) + len(samples)
+        self.last_write_seconds = time.perf_counter() - t0

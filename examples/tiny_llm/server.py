@@ -1,0 +1,372 @@
+"""OpenAI-compatible HTTP front end for the tiny LLM: POST /v1/completions, GET /health.
+
+Run: python -m examples.tiny_llm.server --port 8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, Field
+
+from .config import ServerConfig
+from .engine import TinyLLMEngine
+from .scheduler import TRAFFIC_CLASS_PRIORITY, TokenEvent
+
+logger = logging.getLogger(__name__)
+
+TENANT_HEADER = "x-tenant"
+TRAFFIC_CLASS_HEADER = "x-traffic-class"
+REQUEST_ID_HEADER = "x-request-id"
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class CompletionRequest(BaseModel):
+    """The subset of OpenAI's completion request the tiny model honours."""
+
+    model: str | None = None
+    prompt: str | list[str]
+    max_tokens: int = Field(default=16, ge=1)
+    stream: bool = False
+    temperature: float = Field(default=0.0, ge=0.0)
+    seed: int | None = None
+    user: str | None = None
+    stream_options: StreamOptions | None = None
+
+
+class CompletionError(Exception):
+    """A request the server refuses; `status` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """Who sent the request and how to serve it, read from the headers."""
+
+    request_id: str
+    tenant: str
+    traffic_class: str
+    received_at: float  # perf_counter() when the handler started
+
+
+def error_status(exc: Exception) -> int:
+    """Return the HTTP status for an exception raised while serving a completion."""
+    if isinstance(exc, CompletionError):
+        return exc.status
+    if isinstance(exc, ValueError):
+        return 400
+    if isinstance(exc, RuntimeError):
+        return 503
+    return 500
+
+
+def _error_body(message: str, status: int) -> dict[str, Any]:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "code": status}}
+
+
+class CompletionHandler:
+    """Serves one completion: tokenize → generate (queue, prefill, decode) → detokenize → respond."""
+
+    def __init__(self, engine: TinyLLMEngine) -> None:
+        self.engine = engine
+
+    def context(self, request: Request, body: CompletionRequest) -> RequestContext:
+        traffic_class = request.headers.get(TRAFFIC_CLASS_HEADER, "interactive").strip().lower()
+        if traffic_class not in TRAFFIC_CLASS_PRIORITY:
+            raise CompletionError(
+                f"{TRAFFIC_CLASS_HEADER} must be one of {sorted(TRAFFIC_CLASS_PRIORITY)}, got {traffic_class!r}"
+            )
+        return RequestContext(
+            request_id=request.headers.get(REQUEST_ID_HEADER) or f"cmpl-{uuid.uuid4().hex}",
+            tenant=request.headers.get(TENANT_HEADER) or body.user or "default",
+            traffic_class=traffic_class,
+            received_at=time.perf_counter(),
+        )
+
+    def tokenize(self, body: CompletionRequest) -> list[int]:
+        """Return the prompt's token ids (a list prompt must hold exactly one string)."""
+        prompt = body.prompt
+        if isinstance(prompt, list):
+            if len(prompt) != 1:
+                raise CompletionError("only one prompt per request is supported")
+            prompt = prompt[0]
+        prompt_ids = self.engine.tokenize(prompt)
+        if not prompt_ids:
+            raise CompletionError("prompt must not be empty")
+        return prompt_ids
+
+    async def handle(self, request: Request, body: CompletionRequest) -> Any:
+        """Return a streaming (SSE) or a JSON completion response."""
+        ctx = self.context(request, body)
+        prompt_ids = self.tokenize(body)
+        max_tokens = self.engine.max_tokens_for(len(prompt_ids), body.max_tokens)
+        events = self.engine.generate(
+            prompt_ids,
+            max_tokens=max_tokens,
+            request_id=ctx.request_id,
+            traffic_class=ctx.traffic_class,
+            tenant=ctx.tenant,
+            temperature=body.temperature,
+            seed=body.seed,
+        )
+        model = body.model or self.engine.config.model_name
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(
+                self.stream(ctx, model, len(prompt_ids), events, include_usage),
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache", REQUEST_ID_HEADER: ctx.request_id},
+            )
+        return JSONResponse(await self.collect(ctx, model, len(prompt_ids), events))
+
+    async def stream(
+        self,
+        ctx: RequestContext,
+        model: str,
+        prompt_tokens: int,
+        events: AsyncIterator[TokenEvent],
+        include_usage: bool,
+    ) -> AsyncIterator[str]:
+        """Yield SSE lines: one completion chunk per token, then `data: [DONE]`."""
+        created = int(time.time())
+        detokenizer = self.engine.detokenizer()
+        completion_tokens = 0
+        try:
+            async for event in events:
+                text = ""
+                if event.token_id is not None:
+                    completion_tokens += 1
+                    text = self.emit_text(detokenizer, event.token_id)
+                if event.error:
+                    yield _sse(_error_body(event.error, 500))
+                    break
+                yield _sse(_chunk(ctx.request_id, created, model, text, event.finish_reason))
+            if include_usage:
+                usage = _usage(prompt_tokens, completion_tokens)
+                yield _sse({**_chunk(ctx.request_id, created, model, None, None), "choices": [], "usage": usage})
+            yield "data: [DONE]\n\n"
+        finally:
+            # Closing `events` cancels the request in the scheduler if it is still running.
+            await events.aclose()  # type: ignore[attr-defined]
+
+    def emit_text(self, detokenizer: Any, token_id: int) -> str:
+        """Return the text for one output token (the per-token detokenize point)."""
+        return str(detokenizer.push(token_id))
+
+    async def collect(
+        self, ctx: RequestContext, model: str, prompt_tokens: int, events: AsyncIterator[TokenEvent]
+    ) -> dict[str, Any]:
+        """Return the whole non-streaming completion body."""
+        token_ids: list[int] = []
+        finish_reason: str | None = None
+        async for event in events:
+            if event.error:
+                raise CompletionError(event.error, 500)
+            if event.token_id is not None:
+                token_ids.append(event.token_id)
+            finish_reason = event.finish_reason or finish_reason
+        return {
+            "id": ctx.request_id,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "text": self.engine.detokenize(token_ids),
+                    "index": 0,
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": _usage(prompt_tokens, len(token_ids)),
+        }
+
+
+def _chunk(request_id: str, created: int, model: str, text: str | None, finish: str | None) -> dict[str, Any]:
+    choices = [] if text is None else [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]
+    return {"id": request_id, "object": "text_completion", "created": created, "model": model, "choices": choices}
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+def create_app(config: ServerConfig | None = None, engine: TinyLLMEngine | None = None) -> FastAPI:
+    """Return the FastAPI app; the engine (model + scheduler thread) lives for the app's lifespan."""
+    engine = engine or TinyLLMEngine(config or ServerConfig.from_env())
+    handler = CompletionHandler(engine)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            engine.stop()
+
+    app = FastAPI(title="tiny-llm", lifespan=lifespan)
+    app.state.engine = engine
+    app.state.handler = handler
+
+    @app.exception_handler(CompletionError)
+    @app.exception_handler(ValueError)
+    @app.exception_handler(RuntimeError)
+    async def _on_error(request: Request, exc: Exception) -> JSONResponse:
+        status = error_status(exc)
+        return JSONResponse(_error_body(str(exc), status), status_code=status)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        return await handler.handle(request, body)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        scheduler = engine.scheduler
+        return {
+            "status": "ok",
+            "model": engine.config.model_name,
+            "device": str(engine.device),
+            "running": scheduler.running,
+            "queue_depth": scheduler.queue_depth,
+            "kv_usage": scheduler.cache.usage(),
+        }
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": engine.config.model_name, "object": "model", "owned_by": "tokentrace"}]}
+
+    return app
+
+
+class ServerHandle:
+    """A uvicorn server running on a background thread (tests and the demo)."""
+
+    def __init__(self, server: Any, thread: threading.Thread, sock: socket.socket) -> None:
+        self._server = server
+        self._thread = thread
+        self._sock = sock
+        self.host, self.port = sock.getsockname()[:2]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        self._sock.close()
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 60.0) -> ServerHandle:
+    """Start `app` under uvicorn on a daemon thread and return once it accepts connections.
+
+    The socket is bound here, so port=0 yields a free port without a race.
+    """
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="tiny-llm-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            sock.close()
+            raise RuntimeError("tiny-llm server did not start")
+        time.sleep(0.01)
+    return ServerHandle(server, thread, sock)
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Tiny real LLM server (OpenAI-compatible /v1/completions)")
+    parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port (default 8000)")
+    parser.add_argument("--max-batch-size", type=int, default=None)
+    parser.add_argument("--max-tokens-per-step", type=int, default=None)
+    parser.add_argument("--chunk-size", type=int, default=None, help="prefill chunk size (default: unchunked)")
+    parser.add_argument("--batch-delay-ms", type=float, default=None)
+    parser.add_argument(
+        "--no-prefill-interrupt",
+        action="store_true",
+        help="do not admit new prefills while sequences decode (smooth streams, longer queue_wait)",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
+    parser.add_argument("--tokenizer", choices=["bpe", "byte"], default=None)
+    parser.add_argument("--log-level", default="info")
+    return parser.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """Return the server config: CLI flags, then TINY_LLM_* variables, then defaults."""
+    return ServerConfig.from_env(
+        host=args.host,
+        port=args.port,
+        max_batch_size=args.max_batch_size,
+        max_tokens_per_step=args.max_tokens_per_step,
+        prefill_chunk_size=args.chunk_size,
+        batch_delay_ms=args.batch_delay_ms,
+        prefill_interrupts_decode=False if args.no_prefill_interrupt else None,
+        threads=args.threads,
+        seed=args.seed,
+        device=args.device,
+        tokenizer=args.tokenizer,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the server in the foreground under uvicorn."""
+    import uvicorn
+
+    args = _parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper())
+    config = config_from_args(args)
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=args.log_level)
+
+
+def iter_sse_data(lines: Iterator[str]) -> Iterator[str]:
+    """Yield the payload of each `data:` line of an SSE stream (a helper for clients and tests)."""
+    for line in lines:
+        if line.startswith("data:"):
+            yield line[5:].strip()
+
+
+if __name__ == "__main__":
+    main()

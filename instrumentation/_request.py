@@ -1,0 +1,302 @@
+"""The server-side request span, its phases and its token recorder.
+
+Hot-path cost is kept to appends: `token()` appends one integer, phases append
+a tuple.  Phase spans are created when the request finishes, with their
+recorded start and end times, so a scheduler thread can mark phases of a
+request it does not hold the context of.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import itertools
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TypeVar, cast
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from tokentrace.instrumentation import semconv
+from tokentrace.instrumentation._config import get_tracing
+
+logger = logging.getLogger("tokentrace")
+_propagator = TraceContextTextMapPropagator()
+_current: contextvars.ContextVar[RequestTrace | None] = contextvars.ContextVar(
+    "tokentrace_request", default=None
+)
+_F = TypeVar("_F", bound=Callable[..., Any])
+_ids = itertools.count(1)
+_pid = os.getpid()
+
+
+def _new_request_id() -> str:
+    return f"req-{_pid}-{next(_ids)}-{uuid.uuid4().hex[:6]}"
+
+
+class RequestTrace:
+    """One request's span, phases and token times.
+
+    Use `request()` to make one.  All times are taken from one monotonic clock
+    and anchored to the wall clock once, at the start, so durations are exact
+    and phases recorded on other threads line up.
+    """
+
+    __slots__ = (
+        "request_id",
+        "_span",
+        "_start_wall_ns",
+        "_start_mono_ns",
+        "_tokens",
+        "_phases",
+        "_open",
+        "_finished",
+        "_ctx_token",
+        "_attrs",
+    )
+
+    def __init__(
+        self,
+        name: str = semconv.SPAN_REQUEST,
+        *,
+        request_id: str | None = None,
+        model: str | None = None,
+        tenant: str | None = None,
+        traffic_class: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.request_id = request_id or _new_request_id()
+        self._start_mono_ns = time.monotonic_ns()
+        self._start_wall_ns = time.time_ns()
+        self._tokens: list[int] = []
+        self._phases: list[tuple[str, int, int]] = []
+        self._open: dict[str, int] = {}
+        self._finished = False
+        self._ctx_token: contextvars.Token[RequestTrace | None] | None = None
+        attrs: dict[str, Any] = {semconv.REQUEST_ID: self.request_id}
+        if model:
+            attrs[semconv.REQUEST_MODEL] = model
+        if tenant:
+            attrs[semconv.TENANT] = tenant
+        attrs[semconv.TRAFFIC_CLASS] = traffic_class or semconv.TRAFFIC_INTERACTIVE
+        if attributes:
+            attrs.update(attributes)
+        self._attrs = attrs
+        parent = _propagator.extract(carrier=dict(headers)) if headers else None
+        self._span = get_tracing().tracer.start_span(
+            name,
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=attrs,
+            start_time=self._start_wall_ns,
+        )
+
+    # ---- hot path ---------------------------------------------------------
+    def token(self, count: int = 1) -> None:
+        """Records that `count` output tokens were produced now (an append)."""
+        now = time.monotonic_ns()
+        if count == 1:
+            self._tokens.append(now)
+        else:
+            self._tokens.extend([now] * count)
+
+    def start_phase(self, phase: str) -> None:
+        """Marks the start of a phase (tokenize, queue, prefill, decode, detokenize)."""
+        self._open[phase] = time.monotonic_ns()
+
+    def end_phase(self, phase: str) -> None:
+        """Marks the end of a phase started with `start_phase`."""
+        start = self._open.pop(phase, None)
+        if start is not None:
+            self._phases.append((phase, start, time.monotonic_ns()))
+
+    @contextmanager
+    def phase(self, phase: str) -> Iterator[None]:
+        """Times the body as one phase of this request."""
+        start = time.monotonic_ns()
+        try:
+            yield
+        finally:
+            self._phases.append((phase, start, time.monotonic_ns()))
+
+    # ---- cold path ---------------------------------------------------------
+    def set_attribute(self, key: str, value: Any) -> None:
+        if self._span.is_recording():
+            self._span.set_attribute(key, value)
+
+    def set_tokens(self, prompt: int | None = None, output: int | None = None) -> None:
+        """Records token counts (output defaults to the number of token() calls)."""
+        if prompt is not None:
+            self.set_attribute(semconv.PROMPT_TOKENS, int(prompt))
+        if output is not None:
+            self.set_attribute(semconv.OUTPUT_TOKENS, int(output))
+
+    def record_error(self, exc: BaseException) -> None:
+        if self._span.is_recording():
+            self._span.record_exception(exc)
+            self._span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+
+    @property
+    def span(self) -> trace.Span:
+        return self._span
+
+    @property
+    def token_count(self) -> int:
+        return len(self._tokens)
+
+    def traceparent(self) -> dict[str, str]:
+        """Gives W3C trace-context headers that make a downstream call a child."""
+        carrier: dict[str, str] = {}
+        _propagator.inject(carrier, context=trace.set_span_in_context(self._span))
+        return carrier
+
+    def _wall(self, mono_ns: int) -> int:
+        return self._start_wall_ns + (mono_ns - self._start_mono_ns)
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """Ends the request span and emits its phase spans; runs once."""
+        if self._finished:
+            return
+        self._finished = True
+        end_mono = time.monotonic_ns()
+        try:
+            if error is not None:
+                self.record_error(error)
+            for phase, start in self._open.items():  # phases never ended close now
+                self._phases.append((phase, start, end_mono))
+            self._open.clear()
+            span = self._span
+            if span.is_recording():
+                self._emit_children(span)
+                if self._tokens:
+                    base = self._start_mono_ns
+                    span.set_attribute(
+                        semconv.TOKEN_OFFSETS_US, [(t - base) // 1000 for t in self._tokens]
+                    )
+                    if semconv.OUTPUT_TOKENS not in self._attrs:
+                        span.set_attribute(semconv.OUTPUT_TOKENS, len(self._tokens))
+        except Exception:  # the SDK's own failure must never reach the host
+            logger.exception("tokentrace: failed to finish request span")
+        finally:
+            self._span.end(end_time=self._wall(end_mono))
+
+    def _emit_children(self, span: trace.Span) -> None:
+        tracer = get_tracing().tracer
+        ctx = trace.set_span_in_context(span)
+        for phase, start, end in self._phases:
+            name = semconv.PHASES.get(phase, f"tokentrace.{phase}")
+            child = tracer.start_span(name, context=ctx, start_time=self._wall(start))
+            child.end(end_time=self._wall(end))
+
+    # ---- context manager ---------------------------------------------------
+    def __enter__(self) -> RequestTrace:
+        self._ctx_token = _current.set(self)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if self._ctx_token is not None:
+            _current.reset(self._ctx_token)
+            self._ctx_token = None
+        self.finish(exc)
+
+
+def request(
+    name: str = semconv.SPAN_REQUEST,
+    *,
+    request_id: str | None = None,
+    model: str | None = None,
+    tenant: str | None = None,
+    traffic_class: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    attributes: Mapping[str, Any] | None = None,
+) -> RequestTrace:
+    """Gives a new request trace; use it as a context manager or call `finish()`.
+
+    `headers` are the incoming HTTP headers: a W3C `traceparent` in them makes
+    this request span the child of the caller's client span.
+    """
+    return RequestTrace(
+        name,
+        request_id=request_id,
+        model=model,
+        tenant=tenant,
+        traffic_class=traffic_class,
+        headers=headers,
+        attributes=attributes,
+    )
+
+
+def current_request() -> RequestTrace | None:
+    """Gives the request being handled in this context, if any."""
+    return _current.get()
+
+
+def phase(name: str) -> Callable[[_F], _F]:
+    """Decorator: times each call as phase `name` of the current request.
+
+    Works on plain and async functions; outside a request it just calls through.
+    """
+
+    def decorate(func: _F) -> _F:
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                req = _current.get()
+                if req is None:
+                    return await func(*args, **kwargs)
+                with req.phase(name):
+                    return await func(*args, **kwargs)
+
+            return cast(_F, async_wrapper)
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            req = _current.get()
+            if req is None:
+                return func(*args, **kwargs)
+            with req.phase(name):
+                return func(*args, **kwargs)
+
+        return cast(_F, wrapper)
+
+    return decorate
+
+
+def traced_request(
+    name: str = semconv.SPAN_REQUEST, **request_kwargs: Any
+) -> Callable[[_F], _F]:
+    """Decorator: runs each call inside a new request trace (sync or async)."""
+
+    def decorate(func: _F) -> _F:
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with request(name, **request_kwargs):
+                    return await func(*args, **kwargs)
+
+            return cast(_F, async_wrapper)
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with request(name, **request_kwargs):
+                return func(*args, **kwargs)
+
+        return cast(_F, wrapper)
+
+    return decorate
+
+
+def attach(req: RequestTrace) -> object:
+    """Makes `req` the current OTel span (for child spans by other libraries)."""
+    return otel_context.attach(trace.set_span_in_context(req.span))

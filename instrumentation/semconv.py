@@ -1,0 +1,114 @@
+"""tokentrace's span and attribute names: defined once, here, and documented.
+
+The SDK emits these; the analyzer's `tokentrace` adapter reads them.  Anything
+that is also an OpenTelemetry GenAI semantic convention uses the OTel name, so
+other tools understand our spans too.
+
+Span tree of one request, as the SDK emits it::
+
+    tokentrace.request            kind SERVER (the outermost server span)
+    ├── tokentrace.tokenize       host time turning the prompt into ids
+    ├── tokentrace.queue          waiting in the scheduler before the first step
+    ├── tokentrace.prefill        first prefill step start → first output token
+    ├── tokentrace.decode         first output token → last output token
+    └── tokentrace.detokenize     ids → text (may repeat per chunk; summed)
+
+Token times travel as one compact attribute on the request span
+(``tokentrace.token.offsets_us``): an int array, each entry the time of one
+output token in microseconds after the request span's start.  One attribute
+per request, not one event per token, keeps recording a token an append.
+
+Engine steps (continuous-batching scheduler iterations) travel as spans named
+``tokentrace.engine.steps``, each carrying a *batch* of steps as parallel
+arrays (see ``STEP_*``); they are not part of any request trace.
+
+The client wrapper emits ``tokentrace.client`` (kind CLIENT) with its own
+chunk times (``tokentrace.client.chunk_offsets_us``) and injects `traceparent`,
+so the server's request span is its child.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# ---- span names -------------------------------------------------------------
+SPAN_REQUEST: Final = "tokentrace.request"
+SPAN_TOKENIZE: Final = "tokentrace.tokenize"
+SPAN_QUEUE: Final = "tokentrace.queue"
+SPAN_PREFILL: Final = "tokentrace.prefill"
+SPAN_DECODE: Final = "tokentrace.decode"
+SPAN_DETOKENIZE: Final = "tokentrace.detokenize"
+SPAN_FORWARD: Final = "tokentrace.forward"
+SPAN_CLIENT: Final = "tokentrace.client"
+SPAN_ENGINE_STEPS: Final = "tokentrace.engine.steps"
+
+#: Phase names as the SDK's ``phase()`` API takes them, mapped to span names.
+PHASES: Final[dict[str, str]] = {
+    "tokenize": SPAN_TOKENIZE,
+    "queue": SPAN_QUEUE,
+    "prefill": SPAN_PREFILL,
+    "decode": SPAN_DECODE,
+    "detokenize": SPAN_DETOKENIZE,
+}
+
+# ---- request attributes -----------------------------------------------------
+REQUEST_ID: Final = "tokentrace.request.id"
+#: int[]: each output token's time, µs after the request span's start.
+TOKEN_OFFSETS_US: Final = "tokentrace.token.offsets_us"
+#: int: output tokens (also OTel's gen_ai.usage.output_tokens)
+PROMPT_TOKENS: Final = "gen_ai.usage.input_tokens"
+OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+REQUEST_MODEL: Final = "gen_ai.request.model"
+RESPONSE_MODEL: Final = "gen_ai.response.model"
+OPERATION_NAME: Final = "gen_ai.operation.name"
+TENANT: Final = "tokentrace.tenant"
+TRAFFIC_CLASS: Final = "tokentrace.traffic_class"
+TRAFFIC_INTERACTIVE: Final = "interactive"
+TRAFFIC_BATCH: Final = "batch"
+ROUTE: Final = "http.route"
+#: bool: first request(s) after process start or a long idle gap.
+COLD_START: Final = "tokentrace.cold_start"
+#: str: prompt / completion text, recorded only when the user opts in.
+PROMPT_TEXT: Final = "tokentrace.prompt"
+COMPLETION_TEXT: Final = "tokentrace.completion"
+#: GPU summary over the request's lifetime (from the NVML sampler).
+GPU_UTIL_MEAN: Final = "tokentrace.gpu.utilization_mean"
+GPU_MEM_MAX_BYTES: Final = "tokentrace.gpu.memory_used_max_bytes"
+
+# ---- forward-pass attributes (SPAN_FORWARD or engine steps) -----------------
+FORWARD_HOST_US: Final = "tokentrace.forward.host_us"
+FORWARD_GPU_US: Final = "tokentrace.forward.gpu_us"
+
+# ---- client attributes ------------------------------------------------------
+#: int[]: each streamed chunk's arrival, µs after the client span's start.
+CLIENT_CHUNK_OFFSETS_US: Final = "tokentrace.client.chunk_offsets_us"
+#: float seconds, the OTel GenAI name for the user-side time to first chunk.
+CLIENT_TTFC_S: Final = "gen_ai.response.time_to_first_chunk"
+
+# ---- engine-step batches (parallel arrays, one entry per step) ---------------
+STEP_START_NS: Final = "tokentrace.step.start_ns"  # int[] absolute unix ns
+STEP_DURATION_US: Final = "tokentrace.step.duration_us"  # int[]
+STEP_PREFILL_TOKENS: Final = "tokentrace.step.prefill_tokens"  # int[]
+STEP_DECODE_SEQS: Final = "tokentrace.step.decode_seqs"  # int[]
+STEP_BATCH_SIZE: Final = "tokentrace.step.batch_size"  # int[]
+STEP_QUEUE_DEPTH: Final = "tokentrace.step.queue_depth"  # int[]
+STEP_KV_USAGE: Final = "tokentrace.step.kv_usage"  # float[] 0..1, -1 when unknown
+STEP_GPU_US: Final = "tokentrace.step.gpu_us"  # int[] -1 when unknown
+#: str[]: per step, the ids of the requests it served, joined by ",".
+STEP_REQUEST_IDS: Final = "tokentrace.step.request_ids"
+
+# ---- resource attributes ----------------------------------------------------
+SERVICE_NAME: Final = "service.name"
+SERVICE_INSTANCE: Final = "service.instance.id"
+DEPLOYMENT_ENV: Final = "deployment.environment.name"
+DEPLOYMENT_ENV_OLD: Final = "deployment.environment"
+PROCESS_PID: Final = "process.pid"
+
+# ---- GPU samples (OTLP metrics; the collector stores them in gpu_samples) -----
+METRIC_GPU_UTIL: Final = "tokentrace.gpu.utilization"  # gauge, percent
+METRIC_GPU_MEM_USED: Final = "tokentrace.gpu.memory.used"  # gauge, bytes
+METRIC_GPU_MEM_TOTAL: Final = "tokentrace.gpu.memory.total"  # gauge, bytes
+METRIC_GPU_SM_CLOCK: Final = "tokentrace.gpu.sm_clock"  # gauge, MHz
+METRIC_GPU_POWER: Final = "tokentrace.gpu.power"  # gauge, watts
+#: data-point attribute naming the GPU
+GPU_INDEX: Final = "gpu.index"

@@ -1,0 +1,131 @@
+"""One instrumented request travels SDK → OTLP → collector → DuckDB → analyzer → report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tokentrace import instrumentation as tt
+from tokentrace.analyzer.report import build_report
+from tokentrace.store.connection import open_read_only
+
+TOKENIZE_S = 0.030
+QUEUE_S = 0.060
+PREFILL_S = 0.080
+TOKENS = 10
+ITL_S = 0.010
+TOLERANCE_MS = 6.0
+
+
+def _one_request(i: int) -> None:
+    with tt.request(model="tiny", tenant=f"t{i % 2}") as req:
+        with req.phase("tokenize"):
+            time.sleep(TOKENIZE_S)
+        with req.phase("queue"):
+            time.sleep(QUEUE_S)
+        req.start_phase("prefill")
+        time.sleep(PREFILL_S)
+        req.token()
+        req.end_phase("prefill")
+        req.start_phase("decode")
+        for _ in range(TOKENS - 1):
+            time.sleep(ITL_S)
+            req.token()
+        req.end_phase("decode")
+        req.set_tokens(prompt=42)
+
+
+@pytest.fixture
+def sdk(serve):  # type: ignore[no-untyped-def]
+    tracing = tt.configure(endpoint=serve.otlp_http, service_name="e2e-test")
+    yield tracing
+    tt.shutdown()
+
+
+def test_buckets_match_known_phase_durations(serve, sdk) -> None:  # type: ignore[no-untyped-def]
+    for i in range(4):
+        _one_request(i)
+    assert sdk.force_flush(10_000)
+    serve.stop()
+
+    conn = open_read_only(serve.db)
+    try:
+        report = build_report(conn)
+        rows = conn.execute(
+            "SELECT queue_ms, prefill_ms, decode_ms, tokenize_ms, queue_wait_ms, e2e_ms, "
+            "output_tokens, prompt_tokens, model, source FROM requests"
+        ).fetchall()
+    finally:
+        conn.close()
+
+    assert report["requests"]["count"] == 4
+    assert len(rows) == 4
+    for queue, prefill, decode, tokenize, queue_wait, e2e, out, prompt, model, source in rows:
+        assert prefill == pytest.approx(PREFILL_S * 1000, abs=TOLERANCE_MS)
+        assert decode == pytest.approx((TOKENS - 1) * ITL_S * 1000, abs=TOLERANCE_MS * 2)
+        assert tokenize == pytest.approx(TOKENIZE_S * 1000, abs=TOLERANCE_MS)
+        assert queue_wait == pytest.approx(QUEUE_S * 1000, abs=TOLERANCE_MS)
+        assert queue == pytest.approx((TOKENIZE_S + QUEUE_S) * 1000, abs=TOLERANCE_MS)
+        assert queue + prefill + decode == pytest.approx(e2e, abs=1e-6)
+        assert (out, prompt, model, source) == (TOKENS, 42, "tiny", "tokentrace")
+    p50 = report["buckets"]["prefill"]["p50"]
+    assert p50 == pytest.approx(PREFILL_S * 1000, abs=TOLERANCE_MS)
+    assert report["buckets"]["network"]["measured"] is False
+    assert report["latency"]["itl"]["p50"] == pytest.approx(ITL_S * 1000, rel=0.35)
+
+
+def test_report_and_requests_commands(serve, sdk, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _one_request(0)
+    assert sdk.force_flush(10_000)
+    serve.stop()
+    run = [sys.executable, "-m", "tokentrace"]
+    text = subprocess.run([*run, "report", "--db", str(serve.db)], capture_output=True, text=True, check=True)
+    assert "requests: 1" in text.stdout and "prefill" in text.stdout
+    js = subprocess.run(
+        [*run, "report", "--db", str(serve.db), "--format", "json"], capture_output=True, text=True, check=True
+    )
+    doc = json.loads(js.stdout)
+    assert set(doc) >= {"requests", "latency", "buckets", "findings"}
+    assert set(doc["latency"]) >= {"e2e", "ttft", "tpot", "itl"}
+    lines = subprocess.run(
+        [*run, "requests", "--db", str(serve.db)], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    row = json.loads(lines[0])
+    for col in ("trace_id", "request_id", "start", "e2e_ms", "network_ms", "queue_ms", "prefill_ms",
+                "decode_ms", "ttft_ms", "tpot_ms", "itl_p99_ms", "itl_max_ms", "prompt_tokens",
+                "output_tokens", "model", "tenant", "traffic_class", "source"):  # fmt: skip
+        assert col in row
+    csv = subprocess.run(
+        [*run, "requests", "--db", str(serve.db), "--format", "csv"], capture_output=True, text=True, check=True
+    ).stdout
+    assert csv.splitlines()[0].startswith('"trace_id"')
+
+
+def test_sdk_import_is_light() -> None:
+    code = (
+        "import sys, tokentrace.instrumentation\n"
+        "print(','.join(m for m in ('duckdb','fastapi','polars','uvicorn','torch','starlette') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_malformed_otlp_gets_400(serve) -> None:  # type: ignore[no-untyped-def]
+    import httpx
+
+    url = f"{serve.otlp_http}/v1/traces"
+    r = httpx.post(url, content=b"\x0a\xff\xff\xff", headers={"content-type": "application/x-protobuf"})
+    assert r.status_code == 400
+    r = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "invalid JSON" in r.json()["message"]
+    r = httpx.post(url, json={"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz"}]}]}]})
+    assert r.status_code == 400
+    r = httpx.post(url, content=b"x", headers={"content-type": "text/plain"})
+    assert r.status_code == 415
+    # still serving
+    r = httpx.post(url, json={"resourceSpans": []})
+    assert r.status_code == 200

@@ -1,0 +1,5 @@
+import sys
+
+from tokentrace.cli import main
+
+sys.exit(main())

@@ -1,0 +1,213 @@
+"""The `tokentrace` command: serve, import, report, requests, demo (DESIGN.md §6)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tokentrace import __version__
+from tokentrace.store.connection import DB_ENV, DEFAULT_DB
+
+EXIT_USAGE = 2
+EXIT_ERROR = 1
+
+
+def _add_db(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--db",
+        type=Path,
+        default=None,
+        help=f"DuckDB file (default: ${DB_ENV} or ./{DEFAULT_DB})",
+    )
+
+
+def _add_window(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="only requests of this model")
+    p.add_argument("--tenant", help="only requests of this tenant")
+    p.add_argument("--traffic-class", choices=("interactive", "batch"), help="only this class")
+    p.add_argument("--since", help="only requests that started at/after this ISO time")
+    p.add_argument("--until", help="only requests that started before this ISO time")
+
+
+def _filters(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from datetime import datetime, timezone
+
+    from tokentrace.analyzer.filters import Filters
+
+    def ns(text: str | None) -> int | None:
+        if not text:
+            return None
+        try:
+            t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise SystemExit(f"tokentrace: invalid time {text!r}: use ISO 8601 (2026-11-21T10:00:00Z)") from exc
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=timezone.utc)
+        return int(t.timestamp() * 1e9)
+
+    return Filters(
+        start_ns=ns(args.since),
+        end_ns=ns(args.until),
+        model=args.model,
+        tenant=args.tenant,
+        traffic_class=args.traffic_class,
+    )
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from tokentrace.collector.settings import ENV, HELP, CollectorSettings
+
+    p = sub.add_parser(
+        "serve",
+        help="run the collector (OTLP gRPC 4317, HTTP 4318) and the web UI (8600)",
+        description="Run the collector and web explorer. Every setting resolves flag → environment variable → default.",
+    )
+    for name, f in CollectorSettings.__dataclass_fields__.items():
+        flag = "--" + name.replace("_", "-")
+        default = f.default
+        kind = type(default) if default is not None and not isinstance(default, Path) else str
+        if name.startswith("slo_"):
+            kind = float
+        if name == "db":
+            kind = Path
+        p.add_argument(
+            flag,
+            type=kind,
+            default=None,
+            help=f"{HELP[name]} (env {ENV[name]}; default {default})",
+        )
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from tokentrace.collector.service import serve
+    from tokentrace.collector.settings import CollectorSettings, resolve
+
+    explicit = {k: getattr(args, k) for k in CollectorSettings.__dataclass_fields__}
+    settings = resolve(explicit)
+
+    def ready() -> None:
+        print(
+            f"tokentrace {__version__}: OTLP/HTTP on http://{settings.host}:{settings.http_port}, "
+            f"OTLP/gRPC on {settings.host}:{settings.grpc_port}, "
+            f"web UI on http://{settings.host}:{settings.web_port}, db {settings.db}",
+            flush=True,
+        )
+
+    serve(settings, ready)
+    return 0
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from tokentrace.collector.service import import_files
+    from tokentrace.collector.settings import resolve
+
+    settings = resolve({"db": args.db, "baseline": args.baseline})
+    counts = import_files(settings, args.files)
+    print(
+        f"imported {counts['spans']} spans from {counts['files']} file(s): "
+        f"{counts['requests']} requests, {counts['kept_traces']} kept traces → {settings.db}"
+    )
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from tokentrace.analyzer.report_cli import run_report
+
+    return run_report(args, _filters(args))
+
+
+def _cmd_requests(args: argparse.Namespace) -> int:
+    from tokentrace.analyzer.export import write_requests
+    from tokentrace.store.connection import open_read_only
+
+    conn = open_read_only(args.db)
+    try:
+        if args.format == "parquet" and args.output is None and sys.stdout.isatty():
+            raise SystemExit("tokentrace: parquet is binary: pass --output FILE")
+        if args.output is not None:
+            with open(args.output, "wb") as fh:
+                write_requests(conn, _filters(args), args.format, fh, args.limit)
+        else:
+            write_requests(conn, _filters(args), args.format, None, args.limit)
+    finally:
+        conn.close()
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from tokentrace.demo_cli import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tokentrace",
+        description="Latency doctor for LLM serving: where did the time of each request go, "
+        "and what should you fix first?",
+    )
+    parser.add_argument("--version", action="version", version=f"tokentrace {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    _serve_parser(sub)
+
+    p = sub.add_parser("import", help="run OTLP files (protobuf or JSON) through the pipeline")
+    p.add_argument("files", nargs="+", type=Path, help="OTLP export files")
+    p.add_argument("--baseline", type=float, default=None, help="probability of keeping an unremarkable trace")
+    _add_db(p)
+
+    p = sub.add_parser("report", help="the diagnosis: where the time goes and what to fix first")
+    p.add_argument("--format", choices=("text", "markdown", "json", "html"), default="text")
+    p.add_argument("--output", "-o", type=Path, help="write to this file instead of stdout")
+    _add_db(p)
+    _add_window(p)
+
+    p = sub.add_parser("requests", help="one row per request with its four-bucket summary")
+    p.add_argument("--format", choices=("jsonl", "csv", "parquet"), default="jsonl")
+    p.add_argument("--output", "-o", type=Path, help="write to this file instead of stdout")
+    p.add_argument("--limit", type=int, help="at most this many rows")
+    _add_db(p)
+    _add_window(p)
+
+    p = sub.add_parser("demo", help="run a real tiny LLM server under load and diagnose it")
+    p.add_argument("--quick", action="store_true", help="a short CI-sized run")
+    p.add_argument("--exit", action="store_true", help="stop after the report instead of keeping the UI up")
+    _add_db(p)
+    return parser
+
+
+COMMANDS = {
+    "serve": _cmd_serve,
+    "import": _cmd_import,
+    "report": _cmd_report,
+    "requests": _cmd_requests,
+    "demo": _cmd_demo,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"tokentrace {args.command}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

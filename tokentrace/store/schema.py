@@ -1,0 +1,182 @@
+"""The DuckDB schema: every table tokentrace stores, in one place.
+
+Tables
+------
+schema_version
+    One row per applied migration (`version`, `applied_at`).
+requests
+    One row per request, for **every** request, kept or not (DESIGN.md §2, §4).
+    Columns are `tokentrace.analyzer.summary.COLUMNS`: times in ms, `start_ns`
+    unix ns, `flags` the clamp/reconcile marks, `kept`/`sample_reason`/
+    `sample_weight` the sampling decision, `source` the span convention.
+itl_hist
+    Per request, its inter-token gaps as counts over the fixed log buckets of
+    `ITL_BUCKET_BOUNDS_MS` (bucket i counts gaps <= bound i; the last bucket is
+    unbounded).  Exact gaps of 100 % of requests at a fixed cost per request,
+    so ITL percentiles over all tokens stay cheap on millions of requests.
+spans
+    The whole span tree of each *kept* trace (attributes, events, links and
+    resource as JSON text).
+kept_traces
+    One row per kept trace: why (`reason`, a named constant of the collector)
+    and its sampling `weight` (adjusted count, 1/probability).
+engine_steps
+    One row per continuous-batching scheduler step (kept whole: they are small).
+gpu_samples
+    One row per NVML sample, each with its own timestamp (kept whole).
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+SCHEMA_VERSION = 1
+
+#: Upper bounds (ms) of the inter-token-gap histogram buckets: log-spaced with
+#: ~12 % resolution from 0.1 ms to ~60 s; one more bucket holds anything above.
+ITL_BUCKET_BOUNDS_MS: tuple[float, ...] = tuple(round(0.1 * 1.12**i, 6) for i in range(118))
+
+_MIGRATIONS: dict[int, list[str]] = {
+    1: [
+        """
+        CREATE TABLE IF NOT EXISTS requests (
+            trace_id VARCHAR NOT NULL,
+            request_id VARCHAR NOT NULL,
+            start_ns BIGINT NOT NULL,
+            e2e_ms DOUBLE NOT NULL,
+            queue_ms DOUBLE NOT NULL,
+            prefill_ms DOUBLE NOT NULL,
+            decode_ms DOUBLE NOT NULL,
+            network_ms DOUBLE,
+            server_ms DOUBLE NOT NULL,
+            queue_wait_ms DOUBLE NOT NULL,
+            tokenize_ms DOUBLE NOT NULL,
+            other_ms DOUBLE NOT NULL,
+            ttft_ms DOUBLE,
+            ttft_client_ms DOUBLE,
+            tpot_ms DOUBLE,
+            itl_p50_ms DOUBLE,
+            itl_p95_ms DOUBLE,
+            itl_p99_ms DOUBLE,
+            itl_max_ms DOUBLE,
+            stall_count INTEGER,
+            prompt_tokens INTEGER,
+            output_tokens INTEGER,
+            model VARCHAR NOT NULL,
+            tenant VARCHAR NOT NULL,
+            traffic_class VARCHAR NOT NULL,
+            service VARCHAR NOT NULL,
+            instance VARCHAR NOT NULL,
+            environment VARCHAR NOT NULL,
+            route VARCHAR NOT NULL,
+            cold_start BOOLEAN NOT NULL,
+            error BOOLEAN NOT NULL,
+            gpu_util_mean DOUBLE,
+            gpu_mem_max_bytes BIGINT,
+            source VARCHAR NOT NULL,
+            flags VARCHAR[] NOT NULL,
+            kept BOOLEAN NOT NULL,
+            sample_reason VARCHAR NOT NULL,
+            sample_weight DOUBLE NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE IF NOT EXISTS itl_hist (
+            trace_id VARCHAR NOT NULL,
+            request_id VARCHAR NOT NULL,
+            start_ns BIGINT NOT NULL,
+            counts INTEGER[] NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE IF NOT EXISTS spans (
+            trace_id VARCHAR NOT NULL,
+            span_id VARCHAR NOT NULL,
+            parent_span_id VARCHAR NOT NULL,
+            name VARCHAR NOT NULL,
+            kind TINYINT NOT NULL,
+            start_ns BIGINT NOT NULL,
+            end_ns BIGINT NOT NULL,
+            status_code TINYINT NOT NULL,
+            status_message VARCHAR NOT NULL,
+            service_name VARCHAR NOT NULL,
+            scope VARCHAR NOT NULL,
+            attributes VARCHAR NOT NULL,
+            events VARCHAR NOT NULL,
+            links VARCHAR NOT NULL,
+            resource VARCHAR NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE IF NOT EXISTS kept_traces (
+            trace_id VARCHAR NOT NULL,
+            reason VARCHAR NOT NULL,
+            weight DOUBLE NOT NULL,
+            decided_ns BIGINT NOT NULL,
+            span_count INTEGER NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE IF NOT EXISTS engine_steps (
+            service VARCHAR NOT NULL,
+            instance VARCHAR NOT NULL,
+            start_ns BIGINT NOT NULL,
+            duration_us BIGINT NOT NULL,
+            prefill_tokens INTEGER NOT NULL,
+            decode_seqs INTEGER NOT NULL,
+            batch_size INTEGER NOT NULL,
+            queue_depth INTEGER NOT NULL,
+            kv_usage DOUBLE,
+            gpu_us BIGINT,
+            request_ids VARCHAR[] NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE IF NOT EXISTS gpu_samples (
+            service VARCHAR NOT NULL,
+            instance VARCHAR NOT NULL,
+            gpu_index INTEGER NOT NULL,
+            ts_ns BIGINT NOT NULL,
+            utilization_pct DOUBLE,
+            memory_used_bytes BIGINT,
+            memory_total_bytes BIGINT,
+            sm_clock_mhz DOUBLE,
+            power_w DOUBLE
+        )
+        """,
+        # Indexes serve the web's point look-ups; ART indexes in DuckDB are
+        # cheap to maintain on append.
+        "CREATE INDEX IF NOT EXISTS requests_trace ON requests (trace_id)",
+        "CREATE INDEX IF NOT EXISTS spans_trace ON spans (trace_id)",
+        "CREATE INDEX IF NOT EXISTS kept_trace ON kept_traces (trace_id)",
+    ],
+}
+
+
+def current_version(conn: duckdb.DuckDBPyConnection) -> int:
+    """Gives the highest applied schema version, 0 for an empty database."""
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, applied_at TIMESTAMP NOT NULL)"
+    )
+    row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def migrate(conn: duckdb.DuckDBPyConnection) -> int:
+    """Applies every pending migration in one transaction each; gives the version."""
+    version = current_version(conn)
+    if version > SCHEMA_VERSION:
+        raise RuntimeError(
+            f"database schema version {version} is newer than this tokentrace ({SCHEMA_VERSION}); upgrade tokentrace"
+        )
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        conn.execute("BEGIN TRANSACTION")
+        try:
+            for statement in _MIGRATIONS[target]:
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_version VALUES (?, now())", [target])
+            conn.execute("COMMIT")
+        except Exception:
+            conn.execute("ROLLBACK")
+            raise
+    return SCHEMA_VERSION

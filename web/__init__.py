@@ -1,0 +1,1 @@
+"""tokentrace's web trace explorer and JSON API."""
