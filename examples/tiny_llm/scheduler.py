@@ -338,10 +338,11 @@ class Scheduler:
         except Exception as exc:  # fail this step's requests, keep the thread serving
             logger.exception("forward failed; failing the step's requests")
             error = f"{type(exc).__name__}: {exc}"
-            for seq in {c.sequence.request_id: c.sequence for c in plan.prefill} | {
-                s.request_id: s for s in plan.decode
-            }.values():
-                self._finish(seq, FINISH_ERROR, error=error)
+            failed = {c.sequence.request_id: c.sequence for c in plan.prefill}
+            failed.update((s.request_id, s) for s in plan.decode)
+            for seq in failed.values():
+                if seq in self._running:  # not already finished within the step
+                    self._finish(seq, FINISH_ERROR, error=error)
         end = self.clock()
         stats = self._step_stats(plan, start, end, error)
         self.step_index += 1

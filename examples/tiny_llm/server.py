@@ -268,7 +268,8 @@ def create_app(config: ServerConfig | None = None, engine: TinyLLMEngine | None 
 class ServerHandle:
     """A uvicorn server running on a background thread (tests and the demo)."""
 
-    def __init__(self, server: Any, thread: threading.Thread, sock: socket.socket) -> None:
+    def __init__(self, app: FastAPI, server: Any, thread: threading.Thread, sock: socket.socket) -> None:
+        self.app = app
         self._server = server
         self._thread = thread
         self._sock = sock
@@ -310,7 +311,7 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, startu
             sock.close()
             raise RuntimeError("tiny-llm server did not start")
         time.sleep(0.01)
-    return ServerHandle(server, thread, sock)
+    return ServerHandle(app, server, thread, sock)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+from examples.tiny_llm.config import ServerConfig  # noqa: E402
+from examples.tiny_llm.server import ServerHandle, create_app, serve_in_thread  # noqa: E402
+
+SMALL = ServerConfig(d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq_len=512, max_batch_size=4, threads=2)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerHandle]:
+    with serve_in_thread(create_app(SMALL)) as handle:
+        yield handle
+
+
+def _sse_payloads(response: httpx.Response) -> list[str]:
+    payloads = []
+    for line in response.iter_lines():
+        if not line:
+            continue
+        assert line.startswith("data: "), line
+        payloads.append(line[len("data: ") :])
+    return payloads
+
+
+def test_streams_openai_completion_chunks(server: ServerHandle) -> None:
+    body = {"model": "tiny", "prompt": "The river rises every spring", "max_tokens": 6, "stream": True}
+    headers = {"x-tenant": "acme", "x-traffic-class": "batch"}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=headers, timeout=30) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        payloads = _sse_payloads(response)
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert len(chunks) == 6
+    assert {c["object"] for c in chunks} == {"text_completion"}
+    assert len({c["id"] for c in chunks}) == 1 and chunks[0]["model"] == "tiny"
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 5 + ["length"]
+    assert "".join(c["choices"][0]["text"] for c in chunks).strip()
+
+
+def test_stream_usage_chunk_when_asked(server: ServerHandle) -> None:
+    body = {"prompt": "Hello", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as response:
+        payloads = _sse_payloads(response)
+    usage = json.loads(payloads[-2])["usage"]
+    assert usage["completion_tokens"] == 3 and usage["total_tokens"] == usage["prompt_tokens"] + 3
+
+
+def test_non_streaming_completion(server: ServerHandle) -> None:
+    response = httpx.post(
+        f"{server.url}/v1/completions", json={"prompt": "Call me Ishmael.", "max_tokens": 4}, timeout=30
+    )
+    assert response.status_code == 200
+    data = response.json()
+    assert data["object"] == "text_completion"
+    assert data["choices"][0]["finish_reason"] == "length"
+    assert data["usage"]["completion_tokens"] == 4
+
+
+def test_client_disconnect_frees_the_sequence(server: ServerHandle) -> None:
+    decoded: list[str] = []
+    server.app.state.engine.add_step_hook(lambda stats: decoded.extend(stats.decode_request_ids))
+    body = {"prompt": "A long answer please", "max_tokens": 480, "stream": True}
+    headers = {"x-request-id": "walks-away"}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=headers, timeout=30) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")
+    deadline = time.monotonic() + 10
+    health = {}
+    while time.monotonic() < deadline:
+        health = httpx.get(f"{server.url}/health", timeout=5).json()
+        if health["running"] == 0:
+            break
+        time.sleep(0.05)
+    assert health["running"] == 0 and health["kv_usage"] == 0.0
+    assert decoded.count("walks-away") < 479  # cancelled, not run to the end
+
+
+@pytest.mark.parametrize(
+    ("body", "headers"),
+    [
+        ({"prompt": "hi", "max_tokens": 2}, {"x-traffic-class": "bulk"}),
+        ({"prompt": "word " * 2000, "max_tokens": 2}, {}),
+        ({"prompt": ["a", "b"], "max_tokens": 2}, {}),
+    ],
+)
+def test_bad_requests_get_400(server: ServerHandle, body: dict, headers: dict) -> None:  # type: ignore[type-arg]
+    response = httpx.post(f"{server.url}/v1/completions", json=body, headers=headers, timeout=30)
+    assert response.status_code == 400
+    assert response.json()["error"]["message"]
+
+
+def test_health(server: ServerHandle) -> None:
+    health = httpx.get(f"{server.url}/health", timeout=5).json()
+    assert health["status"] == "ok" and health["device"] == "cpu"
