@@ -112,6 +112,7 @@ def test_step_hook_reports_prefill_and_decode(make_scheduler) -> None:  # type: 
     scheduler.submit(GenerationRequest("b", _prompt(50, 2), 5, sink))
     scheduler.start()
     sink.wait(2)
+    scheduler.stop()  # joins the thread: the last step's hook has run
     first = steps[0]
     assert first.prefill_tokens == 80 and first.decode_seqs == 0
     assert set(first.prefill_request_ids) == {"a", "b"} and first.batch_size == 2

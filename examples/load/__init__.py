@@ -1,0 +1,1 @@
+"""Load for the demo: real trace workloads (`workloads`) replayed over HTTP (`generator`)."""
