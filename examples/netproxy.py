@@ -83,16 +83,22 @@ class _Proxy:
         self._connections: set[asyncio.Task[None]] = set()
 
     async def start(self) -> int:
-        self.server = await asyncio.start_server(self._on_client, self.config.listen_host, self.config.listen_port)
+        self.server = await asyncio.start_server(
+            self._on_client, self.config.listen_host, self.config.listen_port
+        )
         return int(self.server.sockets[0].getsockname()[1])
 
-    async def _on_client(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+    async def _on_client(
+        self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
+    ) -> None:
         task = asyncio.current_task()
         if task is not None:
             self._connections.add(task)
         cfg = self.config
         try:
-            target_reader, target_writer = await asyncio.open_connection(cfg.target_host, cfg.target_port)
+            target_reader, target_writer = await asyncio.open_connection(
+                cfg.target_host, cfg.target_port
+            )
         except OSError as exc:
             logger.warning("proxy could not reach %s:%s: %s", cfg.target_host, cfg.target_port, exc)
             client_writer.close()
@@ -125,7 +131,9 @@ class _Proxy:
 class ProxyHandle:
     """A running proxy on its own event-loop thread."""
 
-    def __init__(self, proxy: _Proxy, loop: asyncio.AbstractEventLoop, thread: threading.Thread, port: int) -> None:
+    def __init__(
+        self, proxy: _Proxy, loop: asyncio.AbstractEventLoop, thread: threading.Thread, port: int
+    ) -> None:
         self._proxy = proxy
         self._loop = loop
         self._thread = thread
@@ -194,11 +202,15 @@ def start_proxy(
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
-    thread = threading.Thread(target=run, name=f"netproxy-{listen_port}->{target_port}", daemon=True)
+    thread = threading.Thread(
+        target=run, name=f"netproxy-{listen_port}->{target_port}", daemon=True
+    )
     thread.start()
     ready.wait()
     if "error" in started:
-        raise RuntimeError(f"proxy could not listen on {listen_host}:{listen_port}") from started["error"]  # type: ignore[misc]
+        raise RuntimeError(f"proxy could not listen on {listen_host}:{listen_port}") from started[
+            "error"
+        ]  # type: ignore[misc]
     return ProxyHandle(proxy, loop, thread, int(started["port"]))  # type: ignore[call-overload]
 
 
@@ -206,11 +218,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="TCP proxy adding a one-way delay per direction")
     parser.add_argument("--listen", type=int, required=True, help="port to listen on (127.0.0.1)")
     parser.add_argument("--target", type=int, required=True, help="port to forward to (127.0.0.1)")
-    parser.add_argument("--delay-ms", type=float, default=50.0, help="one-way delay, client → target")
-    parser.add_argument("--downstream-delay-ms", type=float, default=None, help="target → client (default: same)")
+    parser.add_argument(
+        "--delay-ms", type=float, default=50.0, help="one-way delay, client → target"
+    )
+    parser.add_argument(
+        "--downstream-delay-ms", type=float, default=None, help="target → client (default: same)"
+    )
     args = parser.parse_args(argv)
-    handle = start_proxy(args.listen, args.target, args.delay_ms, downstream_delay_ms=args.downstream_delay_ms)
-    print(f"netproxy 127.0.0.1:{handle.port} -> 127.0.0.1:{args.target}, delay {args.delay_ms} ms each way")
+    handle = start_proxy(
+        args.listen, args.target, args.delay_ms, downstream_delay_ms=args.downstream_delay_ms
+    )
+    print(
+        f"netproxy 127.0.0.1:{handle.port} -> 127.0.0.1:{args.target}, delay {args.delay_ms} ms each way"
+    )
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

@@ -69,7 +69,7 @@ class RequestResult:
 
     @property
     def itl_s(self) -> list[float]:
-        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:], strict=False)]
 
 
 class PromptBuilder:
@@ -121,7 +121,9 @@ class LoadGenerator:
     def _default_client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(timeout=self.timeout_s, limits=DEFAULT_LIMITS)
 
-    async def run(self, specs: Sequence[RequestSpec], *, concurrency: int | None = None) -> list[RequestResult]:
+    async def run(
+        self, specs: Sequence[RequestSpec], *, concurrency: int | None = None
+    ) -> list[RequestResult]:
         """Return one result per spec, in spec order.
 
         concurrency=None replays arrival times (open loop: requests pile up when
@@ -138,7 +140,9 @@ class LoadGenerator:
             if owns_client:
                 await client.aclose()
 
-    async def _open_loop(self, client: httpx.AsyncClient, specs: Sequence[RequestSpec]) -> list[RequestResult]:
+    async def _open_loop(
+        self, client: httpx.AsyncClient, specs: Sequence[RequestSpec]
+    ) -> list[RequestResult]:
         t0 = self.clock()
 
         async def at_arrival(spec: RequestSpec) -> RequestResult:
@@ -173,12 +177,20 @@ class LoadGenerator:
             "stream": self.stream,
         }
 
-    async def send(self, client: httpx.AsyncClient, spec: RequestSpec, *, scheduled_at: float) -> RequestResult:
+    async def send(
+        self, client: httpx.AsyncClient, spec: RequestSpec, *, scheduled_at: float
+    ) -> RequestResult:
         """Send one request and return what the client saw; never raises for HTTP or network errors."""
         request_id = f"load-{uuid.uuid4().hex[:16]}"
-        headers = {"x-tenant": spec.tenant, "x-traffic-class": spec.traffic_class, "x-request-id": request_id}
+        headers = {
+            "x-tenant": spec.tenant,
+            "x-traffic-class": spec.traffic_class,
+            "x-request-id": request_id,
+        }
         body = self.request_body(spec)
-        result = RequestResult(spec=spec, request_id=request_id, scheduled_at=scheduled_at, start=self.clock())
+        result = RequestResult(
+            spec=spec, request_id=request_id, scheduled_at=scheduled_at, start=self.clock()
+        )
         url = f"{self.base_url}/v1/completions"
         try:
             if self.stream:
@@ -194,7 +206,12 @@ class LoadGenerator:
         return result
 
     async def _send_streaming(
-        self, client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str], result: RequestResult
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        result: RequestResult,
     ) -> None:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             result.status = response.status_code
@@ -254,7 +271,12 @@ def summarize(results: Sequence[RequestResult]) -> dict[str, Any]:
         def at(q: float) -> float:
             return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
 
-        return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": round(1000 * ordered[-1], 2)}
+        return {
+            "p50": at(0.50),
+            "p95": at(0.95),
+            "p99": at(0.99),
+            "max": round(1000 * ordered[-1], 2),
+        }
 
     ok = [r for r in results if r.ok]
     return {
@@ -264,7 +286,9 @@ def summarize(results: Sequence[RequestResult]) -> dict[str, Any]:
         "ttft_ms": pct([r.ttft_s for r in ok if r.ttft_s is not None]),
         "e2e_ms": pct([r.e2e_s for r in ok]),
         "itl_ms": pct([gap for r in ok for gap in r.itl_s]),
-        "send_lag_ms_mean": round(1000 * statistics.fmean(r.send_lag_s for r in results), 2) if results else None,
+        "send_lag_ms_mean": round(1000 * statistics.fmean(r.send_lag_s for r in results), 2)
+        if results
+        else None,
     }
 
 
@@ -294,11 +318,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-scale", type=float, default=None)
     parser.add_argument("--max-prompt-tokens", type=int, default=400)
     parser.add_argument("--max-output-tokens", type=int, default=128)
-    parser.add_argument("--poisson-rate", type=float, default=None, help="replace trace arrivals (req/s)")
-    parser.add_argument("--concurrency", type=int, default=None, help="closed loop with N in flight")
+    parser.add_argument(
+        "--poisson-rate", type=float, default=None, help="replace trace arrivals (req/s)"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=None, help="closed loop with N in flight"
+    )
     parser.add_argument("--seed", type=int, default=0)
     asyncio.run(_amain(parser.parse_args(argv)))
-
 
 
 if __name__ == "__main__":

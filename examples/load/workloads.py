@@ -75,10 +75,14 @@ class Scaling:
             raise ValueError("need 1 <= min_output_tokens <= max_output_tokens")
 
     def prompt(self, tokens: int) -> int:
-        return _clamp(round(tokens * self.prompt_scale), self.min_prompt_tokens, self.max_prompt_tokens)
+        return _clamp(
+            round(tokens * self.prompt_scale), self.min_prompt_tokens, self.max_prompt_tokens
+        )
 
     def output(self, tokens: int) -> int:
-        return _clamp(round(tokens * self.output_scale), self.min_output_tokens, self.max_output_tokens)
+        return _clamp(
+            round(tokens * self.output_scale), self.min_output_tokens, self.max_output_tokens
+        )
 
 
 # Mooncake prompts are ~12k tokens on average: a smaller scale keeps their spread under the cap.
@@ -141,7 +145,10 @@ def _read_mooncake(path: Path, limit: int | None) -> list[TraceRecord]:
             if limit is not None and len(records) >= limit:
                 break
     base = min((r.arrival_s for r in records), default=0.0)
-    return sorted((dataclasses.replace(r, arrival_s=r.arrival_s - base) for r in records), key=lambda r: r.arrival_s)
+    return sorted(
+        (dataclasses.replace(r, arrival_s=r.arrival_s - base) for r in records),
+        key=lambda r: r.arrival_s,
+    )
 
 
 def load_trace(name: str, limit: int | None = None, path: Path | None = None) -> list[TraceRecord]:
@@ -197,7 +204,9 @@ def load_workload(
     return specs
 
 
-def with_poisson_arrivals(specs: Sequence[RequestSpec], rate_per_s: float, seed: int = 0) -> list[RequestSpec]:
+def with_poisson_arrivals(
+    specs: Sequence[RequestSpec], rate_per_s: float, seed: int = 0
+) -> list[RequestSpec]:
     """Return the same requests arriving as a Poisson process at `rate_per_s`."""
     if rate_per_s <= 0:
         raise ValueError(f"rate_per_s must be > 0, got {rate_per_s}")
@@ -235,14 +244,21 @@ def with_peak_window(
     return out
 
 
-def with_bursts(specs: Sequence[RequestSpec], burst_size: int, interval_s: float) -> list[RequestSpec]:
+def with_bursts(
+    specs: Sequence[RequestSpec], burst_size: int, interval_s: float
+) -> list[RequestSpec]:
     """Return the requests arriving in groups of `burst_size`, one group every `interval_s`."""
     if burst_size < 1 or interval_s < 0:
         raise ValueError("burst_size must be >= 1 and interval_s >= 0")
-    return [dataclasses.replace(s, arrival_s=(i // burst_size) * interval_s) for i, s in enumerate(specs)]
+    return [
+        dataclasses.replace(s, arrival_s=(i // burst_size) * interval_s)
+        for i, s in enumerate(specs)
+    ]
 
 
-def assign_tenants(specs: Sequence[RequestSpec], weights: dict[str, float], seed: int = 0) -> list[RequestSpec]:
+def assign_tenants(
+    specs: Sequence[RequestSpec], weights: dict[str, float], seed: int = 0
+) -> list[RequestSpec]:
     """Return the specs with tenants drawn by weight (e.g. {"acme": 0.7, "small-co": 0.3})."""
     if not weights or any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
         raise ValueError("weights must be non-negative with a positive sum")

@@ -67,7 +67,9 @@ class ServerConfig:
 
 
 def _parse(raw: str, default: Any, name: str) -> Any:
-    if raw.lower() in ("", "none") and (default is None or name in ("prefill_chunk_size", "threads")):
+    if raw.lower() in ("", "none") and (
+        default is None or name in ("prefill_chunk_size", "threads")
+    ):
         return None
     if isinstance(default, bool):
         return raw.lower() in ("1", "true", "yes", "on")

@@ -18,7 +18,14 @@ import torch
 
 from .config import ServerConfig
 from .model import ModelConfig, build_model
-from .scheduler import INTERACTIVE, GenerationRequest, Scheduler, SchedulerConfig, StepHook, TokenEvent
+from .scheduler import (
+    INTERACTIVE,
+    GenerationRequest,
+    Scheduler,
+    SchedulerConfig,
+    StepHook,
+    TokenEvent,
+)
 from .tokenizer import TextTokenizer, build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -82,7 +89,9 @@ class TinyLLMEngine:
     def _unprintable_ids(self) -> list[int]:
         """Return ids that decode to nothing readable on their own (lone bytes, end-of-text)."""
         # Random weights would stop at a random end-of-text, so it is never sampled either.
-        ids = {i for i in range(self.tokenizer.vocab_size) if "\ufffd" in self.tokenizer.decode([i])}
+        ids = {
+            i for i in range(self.tokenizer.vocab_size) if "\ufffd" in self.tokenizer.decode([i])
+        }
         return sorted(ids | {self.tokenizer.eos_id})
 
     @property
@@ -145,7 +154,9 @@ class TinyLLMEngine:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[TokenEvent] = asyncio.Queue()
 
-        def sink(event: TokenEvent) -> None:  # scheduler thread: one hop onto the loop, nothing else
+        def sink(
+            event: TokenEvent,
+        ) -> None:  # scheduler thread: one hop onto the loop, nothing else
             loop.call_soon_threadsafe(events.put_nowait, event)
 
         request = GenerationRequest(

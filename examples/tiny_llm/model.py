@@ -190,7 +190,9 @@ class TinyTransformer(nn.Module):
         if length == 0:
             raise ValueError("empty prefill chunk")
         if end > self.config.max_seq_len:
-            raise ValueError(f"sequence of {end} tokens exceeds max_seq_len {self.config.max_seq_len}")
+            raise ValueError(
+                f"sequence of {end} tokens exceeds max_seq_len {self.config.max_seq_len}"
+            )
         device = token_ids.device
         positions = torch.arange(start, end, device=device)
         x = self._embed(token_ids, positions).unsqueeze(0)
@@ -232,7 +234,9 @@ class TinyTransformer(nn.Module):
         slot_index = torch.tensor(slots, device=device)
         x = self._embed(token_ids, positions).unsqueeze(1)
         # [batch, 1, 1, span]: each row sees its own prefix and the token just written.
-        mask = (torch.arange(span, device=device).unsqueeze(0) <= positions.unsqueeze(1))[:, None, None, :]
+        mask = (torch.arange(span, device=device).unsqueeze(0) <= positions.unsqueeze(1))[
+            :, None, None, :
+        ]
         for layer, block in enumerate(self.blocks):
             q, k, v = (self._split_heads(t) for t in block.qkv(block.ln_attn(x)).chunk(3, dim=-1))
             layer_keys = cache.keys[layer]
@@ -245,7 +249,7 @@ class TinyTransformer(nn.Module):
             ctx = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
             x = x + block.attn_out(self._merge_heads(ctx))
             x = x + block.mlp(x)
-        for slot, pos in zip(slots, host_positions):
+        for slot, pos in zip(slots, host_positions, strict=True):
             cache.lengths[slot] = pos + 1
         return self._logits(x[:, 0])
 

@@ -64,7 +64,9 @@ class SchedulerConfig:
         if self.max_tokens_per_step < 1:
             raise ValueError(f"max_tokens_per_step must be >= 1, got {self.max_tokens_per_step}")
         if self.prefill_chunk_size is not None and self.prefill_chunk_size < 1:
-            raise ValueError(f"prefill_chunk_size must be >= 1 or None, got {self.prefill_chunk_size}")
+            raise ValueError(
+                f"prefill_chunk_size must be >= 1 or None, got {self.prefill_chunk_size}"
+            )
         if self.batch_delay_ms < 0:
             raise ValueError(f"batch_delay_ms must be >= 0, got {self.batch_delay_ms}")
 
@@ -218,7 +220,9 @@ class Scheduler:
         self.clock = clock
         self.step_index = 0
         self._step_hooks: list[StepHook] = []
-        self._waiting: list[tuple[int, int, Sequence]] = []  # heap of (priority, arrival order, seq)
+        self._waiting: list[
+            tuple[int, int, Sequence]
+        ] = []  # heap of (priority, arrival order, seq)
         self._running: list[Sequence] = []
         self._arrival_counter = itertools.count()
         self._inbox: list[GenerationRequest] = []
@@ -282,7 +286,12 @@ class Scheduler:
             while True:
                 with self._wake:
                     timeout = self._idle_timeout()
-                    if not self._stopping and not self._inbox and not self._cancels and timeout != 0.0:
+                    if (
+                        not self._stopping
+                        and not self._inbox
+                        and not self._cancels
+                        and timeout != 0.0
+                    ):
                         self._wake.wait(timeout)
                     if self._stopping:
                         break
@@ -320,7 +329,11 @@ class Scheduler:
     def _enqueue(self, request: GenerationRequest) -> None:
         seq = Sequence(request=request)
         if request.temperature > 0:
-            seed = request.seed if request.seed is not None else zlib.crc32(request.request_id.encode())
+            seed = (
+                request.seed
+                if request.seed is not None
+                else zlib.crc32(request.request_id.encode())
+            )
             seq.generator = torch.Generator(device=self.device).manual_seed(seed)
         priority = TRAFFIC_CLASS_PRIORITY[request.traffic_class]
         heapq.heappush(self._waiting, (priority, next(self._arrival_counter), seq))
@@ -418,7 +431,7 @@ class Scheduler:
             logits = self._forward_decode(plan.decode)
             tokens = self._sample_batch(plan.decode, logits)
             now = self.clock()
-            for seq, token in zip(plan.decode, tokens):
+            for seq, token in zip(plan.decode, tokens, strict=True):
                 self._emit_token(seq, token, now)
 
     def _forward_prefill(self, chunk: PrefillChunk) -> torch.Tensor:
@@ -447,7 +460,9 @@ class Scheduler:
         if seq.generator is None:
             return [int(t) for t in logits.argmax(dim=-1).tolist()]
         probs = torch.softmax(logits / seq.request.temperature, dim=-1)
-        return [int(t) for t in torch.multinomial(probs, 1, generator=seq.generator).flatten().tolist()]
+        return [
+            int(t) for t in torch.multinomial(probs, 1, generator=seq.generator).flatten().tolist()
+        ]
 
     def _emit_token(self, seq: Sequence, token_id: int, now: float) -> None:
         """Hand one output token to the request's sink; finish the request when it is done."""
@@ -471,7 +486,9 @@ class Scheduler:
             seq.request.sink(event)
             return True
         except Exception:
-            logger.warning("sink for %s failed; dropping the request", seq.request_id, exc_info=True)
+            logger.warning(
+                "sink for %s failed; dropping the request", seq.request_id, exc_info=True
+            )
             return False
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:

@@ -162,7 +162,13 @@ class CompletionHandler:
                 yield _sse(_chunk(ctx.request_id, created, model, text, event.finish_reason))
             if include_usage:
                 usage = _usage(prompt_tokens, completion_tokens)
-                yield _sse({**_chunk(ctx.request_id, created, model, None, None), "choices": [], "usage": usage})
+                yield _sse(
+                    {
+                        **_chunk(ctx.request_id, created, model, None, None),
+                        "choices": [],
+                        "usage": usage,
+                    }
+                )
             yield "data: [DONE]\n\n"
         finally:
             # Closing `events` cancels the request in the scheduler if it is still running.
@@ -201,9 +207,21 @@ class CompletionHandler:
         }
 
 
-def _chunk(request_id: str, created: int, model: str, text: str | None, finish: str | None) -> dict[str, Any]:
-    choices = [] if text is None else [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]
-    return {"id": request_id, "object": "text_completion", "created": created, "model": model, "choices": choices}
+def _chunk(
+    request_id: str, created: int, model: str, text: str | None, finish: str | None
+) -> dict[str, Any]:
+    choices = (
+        []
+        if text is None
+        else [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]
+    )
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -260,7 +278,10 @@ def create_app(config: ServerConfig | None = None, engine: TinyLLMEngine | None 
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": engine.config.model_name, "object": "model", "owned_by": "tokentrace"}]}
+        return {
+            "object": "list",
+            "data": [{"id": engine.config.model_name, "object": "model", "owned_by": "tokentrace"}],
+        }
 
     return app
 
@@ -268,7 +289,9 @@ def create_app(config: ServerConfig | None = None, engine: TinyLLMEngine | None 
 class ServerHandle:
     """A uvicorn server running on a background thread (tests and the demo)."""
 
-    def __init__(self, app: FastAPI, server: Any, thread: threading.Thread, sock: socket.socket) -> None:
+    def __init__(
+        self, app: FastAPI, server: Any, thread: threading.Thread, sock: socket.socket
+    ) -> None:
         self.app = app
         self._server = server
         self._thread = thread
@@ -291,7 +314,9 @@ class ServerHandle:
         self.stop()
 
 
-def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 60.0) -> ServerHandle:
+def serve_in_thread(
+    app: FastAPI, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 60.0
+) -> ServerHandle:
     """Start `app` under uvicorn on a daemon thread and return once it accepts connections.
 
     The socket is bound here, so port=0 yields a free port without a race.
@@ -302,7 +327,9 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, startu
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="tiny-llm-uvicorn", daemon=True)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="tiny-llm-uvicorn", daemon=True
+    )
     thread.start()
     deadline = time.monotonic() + startup_timeout
     while not server.started:
@@ -315,12 +342,16 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, startu
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Tiny real LLM server (OpenAI-compatible /v1/completions)")
+    parser = argparse.ArgumentParser(
+        description="Tiny real LLM server (OpenAI-compatible /v1/completions)"
+    )
     parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (default 8000)")
     parser.add_argument("--max-batch-size", type=int, default=None)
     parser.add_argument("--max-tokens-per-step", type=int, default=None)
-    parser.add_argument("--chunk-size", type=int, default=None, help="prefill chunk size (default: unchunked)")
+    parser.add_argument(
+        "--chunk-size", type=int, default=None, help="prefill chunk size (default: unchunked)"
+    )
     parser.add_argument("--batch-delay-ms", type=float, default=None)
     parser.add_argument(
         "--no-prefill-interrupt",

@@ -14,7 +14,9 @@ from examples.netproxy import start_proxy  # noqa: E402
 from examples.tiny_llm.config import ServerConfig  # noqa: E402
 from examples.tiny_llm.server import ServerHandle, create_app, serve_in_thread  # noqa: E402
 
-SMALL = ServerConfig(d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq_len=512, max_batch_size=4, threads=2)
+SMALL = ServerConfig(
+    d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq_len=512, max_batch_size=4, threads=2
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,9 @@ def test_prompt_builder_hits_the_token_count() -> None:
 
 def test_open_loop_replay_through_a_delaying_proxy(server: ServerHandle) -> None:
     specs = [
-        RequestSpec(arrival_s=0.05 * i, prompt_tokens=20 + 30 * i, output_tokens=4, tenant=f"t{i % 2}")
+        RequestSpec(
+            arrival_s=0.05 * i, prompt_tokens=20 + 30 * i, output_tokens=4, tenant=f"t{i % 2}"
+        )
         for i in range(5)
     ]
     seen: list[httpx.Request] = []
@@ -49,7 +53,7 @@ def test_open_loop_replay_through_a_delaying_proxy(server: ServerHandle) -> None
         results = asyncio.run(main())
     assert len(seen) == 5 and seen[0].headers["x-tenant"] == "t0"
     assert all(r.ok for r in results), [r.error for r in results]
-    for result, spec in zip(results, specs):
+    for result, spec in zip(results, specs, strict=True):
         assert result.spec is spec
         assert result.completion_tokens == 4 and len(result.chunk_times) == 4
         assert result.ttft_s is not None and result.ttft_s >= 0.050  # both proxy directions
@@ -60,7 +64,9 @@ def test_open_loop_replay_through_a_delaying_proxy(server: ServerHandle) -> None
 
 def test_closed_loop_and_non_streaming(server: ServerHandle) -> None:
     specs = [RequestSpec(arrival_s=0.0, prompt_tokens=10, output_tokens=3) for _ in range(6)]
-    generator = LoadGenerator(server.url, stream=False, client_factory=lambda: httpx.AsyncClient(timeout=30))
+    generator = LoadGenerator(
+        server.url, stream=False, client_factory=lambda: httpx.AsyncClient(timeout=30)
+    )
     results = asyncio.run(generator.run(specs, concurrency=2))
     assert [r.completion_tokens for r in results] == [3] * 6
     assert all(r.ok and r.text for r in results)

@@ -39,8 +39,14 @@ def test_azure_timestamps_keep_sub_millisecond_order() -> None:
 
 
 def test_scaling_compresses_time_and_clamps_tokens() -> None:
-    records = [TraceRecord(0.0, 1000, 200), TraceRecord(10.0, 50, 1), TraceRecord(20.0, 90_000, 5000)]
-    scaling = Scaling(time_compression=10, prompt_scale=0.1, output_scale=0.5, max_prompt_tokens=400)
+    records = [
+        TraceRecord(0.0, 1000, 200),
+        TraceRecord(10.0, 50, 1),
+        TraceRecord(20.0, 90_000, 5000),
+    ]
+    scaling = Scaling(
+        time_compression=10, prompt_scale=0.1, output_scale=0.5, max_prompt_tokens=400
+    )
     specs = scale_records(records, scaling, source="t")
     assert [s.arrival_s for s in specs] == [0.0, 1.0, 2.0]
     assert [s.prompt_tokens for s in specs] == [100, 8, 400]
@@ -67,7 +73,9 @@ def test_arrival_patterns() -> None:
     assert [s.prompt_tokens for s in poisson] == [s.prompt_tokens for s in specs]
     bursts = with_bursts(specs[:9], burst_size=3, interval_s=2.0)
     assert [s.arrival_s for s in bursts] == [0, 0, 0, 2, 2, 2, 4, 4, 4]
-    peak = with_peak_window(specs, base_rate_per_s=5, peak_rate_per_s=50, peak_start_s=10, peak_duration_s=2, seed=2)
+    peak = with_peak_window(
+        specs, base_rate_per_s=5, peak_rate_per_s=50, peak_start_s=10, peak_duration_s=2, seed=2
+    )
     in_peak = sum(10 <= s.arrival_s < 12 for s in peak)
     before = sum(6 <= s.arrival_s < 8 for s in peak)
     assert in_peak > 3 * before

@@ -6,7 +6,9 @@ torch = pytest.importorskip("torch")
 
 from examples.tiny_llm.model import KVCache, ModelConfig, build_model  # noqa: E402
 
-CONFIG = ModelConfig(vocab_size=300, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq_len=128, seed=3)
+CONFIG = ModelConfig(
+    vocab_size=300, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq_len=128, seed=3
+)
 ATOL = 1e-4
 
 
@@ -50,12 +52,12 @@ def test_batched_decode_of_different_lengths(model) -> None:  # type: ignore[no-
     sequences = [_tokens(n + 3, seed=10 + n) for n in lengths]
     cache = KVCache(CONFIG, num_slots=4)
     slots = [cache.allocate() for _ in lengths]
-    for slot, seq, n in zip(slots, sequences, lengths):
+    for slot, seq, n in zip(slots, sequences, lengths, strict=True):
         model.prefill(cache, slot, seq[:n])
     for step in range(3):
-        batch = torch.stack([seq[n + step] for seq, n in zip(sequences, lengths)])
+        batch = torch.stack([seq[n + step] for seq, n in zip(sequences, lengths, strict=True)])
         logits = model.decode(cache, slots, batch)
-        for row, (seq, n) in enumerate(zip(sequences, lengths)):
+        for row, (seq, n) in enumerate(zip(sequences, lengths, strict=True)):
             reference = model.forward_full(seq[: n + step + 1].unsqueeze(0))[0, -1]
             torch.testing.assert_close(logits[row], reference, atol=ATOL, rtol=0)
     assert [cache.lengths[s] for s in slots] == [n + 3 for n in lengths]

@@ -22,7 +22,9 @@ from examples.tiny_llm.scheduler import (  # noqa: E402
     TokenEvent,
 )
 
-CONFIG = ModelConfig(vocab_size=300, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq_len=256, seed=5)
+CONFIG = ModelConfig(
+    vocab_size=300, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq_len=256, seed=5
+)
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +79,13 @@ def test_interactive_is_served_before_batch(make_scheduler) -> None:  # type: ig
     sink = Collector()
     # Queued before the thread starts, batch first: admission must still pick interactive.
     for i in range(3):
-        scheduler.submit(GenerationRequest(f"batch-{i}", _prompt(20, i), 3, sink, traffic_class=BATCH))
+        scheduler.submit(
+            GenerationRequest(f"batch-{i}", _prompt(20, i), 3, sink, traffic_class=BATCH)
+        )
     for i in range(2):
-        scheduler.submit(GenerationRequest(f"live-{i}", _prompt(20, 10 + i), 3, sink, traffic_class=INTERACTIVE))
+        scheduler.submit(
+            GenerationRequest(f"live-{i}", _prompt(20, 10 + i), 3, sink, traffic_class=INTERACTIVE)
+        )
     scheduler.start()
     sink.wait(5)
     assert sink.finish_order == ["live-0", "live-1", "batch-0", "batch-1", "batch-2"]
@@ -131,7 +137,9 @@ def test_prefill_can_be_kept_out_of_decode_steps(make_scheduler) -> None:  # typ
         sink = Collector()
         decoding = threading.Event()
 
-        def on_event(event: TokenEvent, sink: Collector = sink, decoding: threading.Event = decoding) -> None:
+        def on_event(
+            event: TokenEvent, sink: Collector = sink, decoding: threading.Event = decoding
+        ) -> None:
             sink(event)
             decoding.set()
 

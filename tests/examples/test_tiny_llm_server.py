@@ -14,7 +14,9 @@ httpx = pytest.importorskip("httpx")
 from examples.tiny_llm.config import ServerConfig  # noqa: E402
 from examples.tiny_llm.server import ServerHandle, create_app, serve_in_thread  # noqa: E402
 
-SMALL = ServerConfig(d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq_len=512, max_batch_size=4, threads=2)
+SMALL = ServerConfig(
+    d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq_len=512, max_batch_size=4, threads=2
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +36,16 @@ def _sse_payloads(response: httpx.Response) -> list[str]:
 
 
 def test_streams_openai_completion_chunks(server: ServerHandle) -> None:
-    body = {"model": "tiny", "prompt": "The river rises every spring", "max_tokens": 6, "stream": True}
+    body = {
+        "model": "tiny",
+        "prompt": "The river rises every spring",
+        "max_tokens": 6,
+        "stream": True,
+    }
     headers = {"x-tenant": "acme", "x-traffic-class": "batch"}
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=headers, timeout=30) as response:
+    with httpx.stream(
+        "POST", f"{server.url}/v1/completions", json=body, headers=headers, timeout=30
+    ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         payloads = _sse_payloads(response)
@@ -50,7 +59,12 @@ def test_streams_openai_completion_chunks(server: ServerHandle) -> None:
 
 
 def test_stream_usage_chunk_when_asked(server: ServerHandle) -> None:
-    body = {"prompt": "Hello", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": "Hello",
+        "max_tokens": 3,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as response:
         payloads = _sse_payloads(response)
     usage = json.loads(payloads[-2])["usage"]
@@ -59,7 +73,9 @@ def test_stream_usage_chunk_when_asked(server: ServerHandle) -> None:
 
 def test_non_streaming_completion(server: ServerHandle) -> None:
     response = httpx.post(
-        f"{server.url}/v1/completions", json={"prompt": "Call me Ishmael.", "max_tokens": 4}, timeout=30
+        f"{server.url}/v1/completions",
+        json={"prompt": "Call me Ishmael.", "max_tokens": 4},
+        timeout=30,
     )
     assert response.status_code == 200
     data = response.json()
@@ -73,7 +89,9 @@ def test_client_disconnect_frees_the_sequence(server: ServerHandle) -> None:
     server.app.state.engine.add_step_hook(lambda stats: decoded.extend(stats.decode_request_ids))
     body = {"prompt": "A long answer please", "max_tokens": 480, "stream": True}
     headers = {"x-request-id": "walks-away"}
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=headers, timeout=30) as response:
+    with httpx.stream(
+        "POST", f"{server.url}/v1/completions", json=body, headers=headers, timeout=30
+    ) as response:
         lines = response.iter_lines()
         assert next(lines).startswith("data: ")
     deadline = time.monotonic() + 10
