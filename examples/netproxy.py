@@ -185,15 +185,15 @@ def start_proxy(
     )
     proxy = _Proxy(config)
     loop = asyncio.new_event_loop()
-    started: dict[str, object] = {}
+    outcome: list[int | BaseException] = []
     ready = threading.Event()
 
     def run() -> None:
         asyncio.set_event_loop(loop)
         try:
-            started["port"] = loop.run_until_complete(proxy.start())
+            outcome.append(loop.run_until_complete(proxy.start()))
         except BaseException as exc:  # report to the caller's thread
-            started["error"] = exc
+            outcome.append(exc)
             ready.set()
             loop.close()
             return
@@ -207,11 +207,10 @@ def start_proxy(
     )
     thread.start()
     ready.wait()
-    if "error" in started:
-        raise RuntimeError(f"proxy could not listen on {listen_host}:{listen_port}") from started[
-            "error"
-        ]  # type: ignore[misc]
-    return ProxyHandle(proxy, loop, thread, int(started["port"]))  # type: ignore[call-overload]
+    result = outcome[0]
+    if isinstance(result, BaseException):
+        raise RuntimeError(f"proxy could not listen on {listen_host}:{listen_port}") from result
+    return ProxyHandle(proxy, loop, thread, result)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -149,6 +150,9 @@ class TinyTransformer(nn.Module):
                     fan_in = param.shape[1]
                     param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(fan_in))
 
+    def _layers(self) -> list[_Block]:
+        return cast("list[_Block]", list(self.blocks))
+
     def _split_heads(self, x: Tensor) -> Tensor:
         batch, length, _ = x.shape
         cfg = self.config
@@ -171,7 +175,7 @@ class TinyTransformer(nn.Module):
         length = token_ids.shape[1]
         positions = torch.arange(length, device=token_ids.device)
         x = self._embed(token_ids, positions)
-        for block in self.blocks:
+        for block in self._layers():
             q, k, v = (self._split_heads(t) for t in block.qkv(block.ln_attn(x)).chunk(3, dim=-1))
             ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             x = x + block.attn_out(self._merge_heads(ctx))
@@ -201,7 +205,7 @@ class TinyTransformer(nn.Module):
         if start > 0:
             key_pos = torch.arange(end, device=device)
             mask = key_pos.unsqueeze(0) <= positions.unsqueeze(1)
-        for layer, block in enumerate(self.blocks):
+        for layer, block in enumerate(self._layers()):
             q, k, v = (self._split_heads(t) for t in block.qkv(block.ln_attn(x)).chunk(3, dim=-1))
             cache.keys[layer, slot, :, start:end] = k[0]
             cache.values[layer, slot, :, start:end] = v[0]
@@ -237,7 +241,7 @@ class TinyTransformer(nn.Module):
         mask = (torch.arange(span, device=device).unsqueeze(0) <= positions.unsqueeze(1))[
             :, None, None, :
         ]
-        for layer, block in enumerate(self.blocks):
+        for layer, block in enumerate(self._layers()):
             q, k, v = (self._split_heads(t) for t in block.qkv(block.ln_attn(x)).chunk(3, dim=-1))
             layer_keys = cache.keys[layer]
             layer_values = cache.values[layer]

@@ -62,8 +62,11 @@ class BPETokenizer:
             show_progress=False,
         )
         tokenizer.train_from_iterator(texts, trainer=trainer)
+        eos_id = tokenizer.token_to_id(EOS_TOKEN)
+        if eos_id is None:
+            raise RuntimeError("BPE training lost the end-of-text token")
         self._tokenizer = tokenizer
-        self._eos_id = tokenizer.token_to_id(EOS_TOKEN)
+        self._eos_id: int = eos_id
 
     @property
     def vocab_size(self) -> int:
