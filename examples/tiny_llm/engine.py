@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 import torch
 
@@ -134,7 +134,7 @@ class TinyLLMEngine:
             )
         return min(requested, room)
 
-    async def generate(
+    def generate(
         self,
         prompt_ids: list[int],
         *,
@@ -145,18 +145,19 @@ class TinyLLMEngine:
         temperature: float = 0.0,
         seed: int | None = None,
         on_admitted: Callable[[float], None] | None = None,
-    ) -> AsyncIterator[TokenEvent]:
-        """Yield the request's token events; the last one carries `finish_reason`.
+    ) -> AsyncGenerator[TokenEvent, None]:
+        """Submit the request now and return its token events; the last carries `finish_reason`.
 
-        Leaving the iteration early (client gone, task cancelled) cancels the
-        request in the scheduler, which frees its KV slot.
+        Call it on the event loop. Submission is eager, so a refusal (ValueError,
+        RuntimeError when stopped) raises here, before any response is started.
+        Closing the returned iterator early (client gone, task cancelled)
+        cancels the request in the scheduler, which frees its KV slot.
         """
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[TokenEvent] = asyncio.Queue()
 
-        def sink(
-            event: TokenEvent,
-        ) -> None:  # scheduler thread: one hop onto the loop, nothing else
+        def sink(event: TokenEvent) -> None:
+            # Scheduler thread: one hop onto the loop, nothing else.
             loop.call_soon_threadsafe(events.put_nowait, event)
 
         request = GenerationRequest(
@@ -171,6 +172,11 @@ class TinyLLMEngine:
             on_admitted=on_admitted,
         )
         self.scheduler.submit(request)
+        return self._events(request.request_id, events)
+
+    async def _events(
+        self, request_id: str, events: asyncio.Queue[TokenEvent]
+    ) -> AsyncGenerator[TokenEvent, None]:
         finished = False
         try:
             while not finished:
@@ -179,7 +185,7 @@ class TinyLLMEngine:
                 yield event
         finally:
             if not finished:
-                self.scheduler.cancel(request.request_id)
+                self.scheduler.cancel(request_id)
 
     def _warmup(self) -> None:
         finished = threading.Event()

@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -143,7 +143,7 @@ class CompletionHandler:
         ctx: RequestContext,
         model: str,
         prompt_tokens: int,
-        events: AsyncIterator[TokenEvent],
+        events: AsyncGenerator[TokenEvent, None],
         include_usage: bool,
     ) -> AsyncIterator[str]:
         """Yield SSE lines: one completion chunk per token, then `data: [DONE]`."""
@@ -172,24 +172,31 @@ class CompletionHandler:
             yield "data: [DONE]\n\n"
         finally:
             # Closing `events` cancels the request in the scheduler if it is still running.
-            await events.aclose()  # type: ignore[attr-defined]
+            await events.aclose()
 
     def emit_text(self, detokenizer: Any, token_id: int) -> str:
         """Return the text for one output token (the per-token detokenize point)."""
         return str(detokenizer.push(token_id))
 
     async def collect(
-        self, ctx: RequestContext, model: str, prompt_tokens: int, events: AsyncIterator[TokenEvent]
+        self,
+        ctx: RequestContext,
+        model: str,
+        prompt_tokens: int,
+        events: AsyncGenerator[TokenEvent, None],
     ) -> dict[str, Any]:
         """Return the whole non-streaming completion body."""
         token_ids: list[int] = []
         finish_reason: str | None = None
-        async for event in events:
-            if event.error:
-                raise CompletionError(event.error, 500)
-            if event.token_id is not None:
-                token_ids.append(event.token_id)
-            finish_reason = event.finish_reason or finish_reason
+        try:
+            async for event in events:
+                if event.error:
+                    raise CompletionError(event.error, 500)
+                if event.token_id is not None:
+                    token_ids.append(event.token_id)
+                finish_reason = event.finish_reason or finish_reason
+        finally:
+            await events.aclose()
         return {
             "id": ctx.request_id,
             "object": "text_completion",

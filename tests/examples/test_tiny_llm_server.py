@@ -122,3 +122,13 @@ def test_bad_requests_get_400(server: ServerHandle, body: dict, headers: dict) -
 def test_health(server: ServerHandle) -> None:
     health = httpx.get(f"{server.url}/health", timeout=5).json()
     assert health["status"] == "ok" and health["device"] == "cpu"
+
+
+def test_stopped_engine_refuses_before_streaming() -> None:
+    app = create_app(SMALL)
+    with serve_in_thread(app) as handle:
+        app.state.engine.stop()
+        body = {"prompt": "hello", "max_tokens": 3, "stream": True}
+        response = httpx.post(f"{handle.url}/v1/completions", json=body, timeout=30)
+    assert response.status_code == 503
+    assert response.json()["error"]["type"] == "server_error"
