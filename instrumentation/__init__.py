@@ -17,7 +17,18 @@ Quick start::
 """
 
 from tokentrace.instrumentation import semconv
+from tokentrace.instrumentation._asgi import (
+    TokentraceMiddleware,
+    instrument_fastapi,
+    request_from_headers,
+    uninstrument_fastapi,
+)
+from tokentrace.instrumentation._client import ClientRequest, client_request
 from tokentrace.instrumentation._config import Settings, Tracing, configure, get_tracing, shutdown
+from tokentrace.instrumentation._forward import instrument_model, uninstrument_model
+from tokentrace.instrumentation._gpu import GpuReading, GpuSampler, start_gpu_sampler
+from tokentrace.instrumentation._httpx import instrument_httpx, uninstrument_httpx
+from tokentrace.instrumentation._openai import instrument_openai, uninstrument_openai
 from tokentrace.instrumentation._request import (
     RequestTrace,
     current_request,
@@ -25,19 +36,44 @@ from tokentrace.instrumentation._request import (
     request,
     traced_request,
 )
-
-__all__ = sorted(
-    [
-        "RequestTrace",
-        "Settings",
-        "Tracing",
-        "configure",
-        "current_request",
-        "get_tracing",
-        "phase",
-        "request",
-        "semconv",
-        "shutdown",
-        "traced_request",
-    ]
+from tokentrace.instrumentation._steps import EngineStep, engine_step, record_step
+from tokentrace.instrumentation._tokenizer import wrap_tokenizer
+from tokentrace.instrumentation._transformers import (
+    instrument_transformers_generate,
+    uninstrument_transformers_generate,
 )
+
+__all__ = [
+    "ClientRequest",
+    "EngineStep",
+    "GpuReading",
+    "GpuSampler",
+    "RequestTrace",
+    "Settings",
+    "TokentraceMiddleware",
+    "Tracing",
+    "client_request",
+    "configure",
+    "current_request",
+    "engine_step",
+    "get_tracing",
+    "instrument_fastapi",
+    "instrument_httpx",
+    "instrument_model",
+    "instrument_openai",
+    "instrument_transformers_generate",
+    "phase",
+    "record_step",
+    "request",
+    "request_from_headers",
+    "semconv",
+    "shutdown",
+    "start_gpu_sampler",
+    "traced_request",
+    "uninstrument_fastapi",
+    "uninstrument_httpx",
+    "uninstrument_model",
+    "uninstrument_openai",
+    "uninstrument_transformers_generate",
+    "wrap_tokenizer",
+]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,8 @@ DEFAULT_HTTP_ENDPOINT = "http://127.0.0.1:4318"
 DEFAULT_GRPC_ENDPOINT = "http://127.0.0.1:4317"
 DEFAULT_SERVICE_NAME = "llm-server"
 SCOPE_NAME = "tokentrace"
+DEFAULT_COLD_START_REQUESTS = 1
+DEFAULT_COLD_START_IDLE_S = 300.0
 
 
 def _truthy(value: str | None) -> bool:
@@ -44,6 +47,10 @@ class Settings:
     protocol: str
     record_content: bool
     disabled: bool
+    #: Requests marked `tokentrace.cold_start` after process start or an idle gap.
+    cold_start_requests: int = DEFAULT_COLD_START_REQUESTS
+    #: Idle seconds after which the next requests count as cold again.
+    cold_start_idle_s: float = DEFAULT_COLD_START_IDLE_S
 
     @classmethod
     def resolve(
@@ -53,8 +60,20 @@ class Settings:
         protocol: str | None = None,
         record_content: bool | None = None,
         disabled: bool | None = None,
+        cold_start_requests: int | None = None,
+        cold_start_idle_s: float | None = None,
     ) -> Settings:
         env = os.environ
+        cold_n = (
+            DEFAULT_COLD_START_REQUESTS if cold_start_requests is None else int(cold_start_requests)
+        )
+        cold_idle = (
+            DEFAULT_COLD_START_IDLE_S if cold_start_idle_s is None else float(cold_start_idle_s)
+        )
+        if cold_n < 0:
+            raise ValueError(f"cold_start_requests must be >= 0, not {cold_n}")
+        if cold_idle <= 0:
+            raise ValueError(f"cold_start_idle_s must be > 0, not {cold_idle}")
         proto = protocol or env.get(ENV_PROTOCOL) or env.get(ENV_OTEL_PROTOCOL) or "http/protobuf"
         if proto not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, not {proto!r}")
@@ -73,6 +92,8 @@ class Settings:
             if record_content is not None
             else _truthy(env.get(ENV_RECORD_CONTENT)),
             disabled=disabled if disabled is not None else _truthy(env.get(ENV_DISABLED)),
+            cold_start_requests=cold_n,
+            cold_start_idle_s=cold_idle,
         )
 
 
@@ -80,7 +101,9 @@ def _make_exporter(settings: Settings) -> SpanExporter:
     if settings.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
 
-        return Grpc(endpoint=settings.endpoint, insecure=settings.endpoint.startswith("http://"), timeout=5)
+        return Grpc(
+            endpoint=settings.endpoint, insecure=settings.endpoint.startswith("http://"), timeout=5
+        )
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
 
     return Http(endpoint=f"{settings.endpoint}/v1/traces", timeout=5)
@@ -101,6 +124,8 @@ class Tracing:
         self._owns_provider = owns_provider
 
     def force_flush(self, timeout_ms: int = 10_000) -> bool:
+        """Emits buffered engine steps / timings, then flushes spans; gives success."""
+        _run_flush_hooks()
         return bool(self.provider.force_flush(timeout_ms))
 
     def shutdown(self) -> None:
@@ -110,6 +135,23 @@ class Tracing:
 
 _lock = threading.Lock()
 _tracing: Tracing | None = None
+#: Cold-path flushes (engine steps, CUDA timings, GPU sampler) run before the
+#: provider flushes, so their last spans still leave the process.
+_flush_hooks: list[Callable[[], None]] = []
+
+
+def add_flush_hook(hook: Callable[[], None]) -> None:
+    """Registers `hook` to run before spans are flushed at shutdown / reconfigure."""
+    if hook not in _flush_hooks:
+        _flush_hooks.append(hook)
+
+
+def _run_flush_hooks() -> None:
+    for hook in list(_flush_hooks):
+        try:
+            hook()
+        except Exception:  # the SDK's own failure must never reach the host
+            logger.exception("tokentrace: flush hook failed")
 
 
 def configure(
@@ -122,15 +164,27 @@ def configure(
     tracer_provider: TracerProvider | None = None,
     exporter: SpanExporter | None = None,
     disabled: bool | None = None,
+    cold_start_requests: int | None = None,
+    cold_start_idle_s: float | None = None,
 ) -> Tracing:
     """Gives the configured SDK: spans go over OTLP to a tokentrace collector.
 
     Pass `tracer_provider` to reuse the host's own OpenTelemetry set-up, or
     `exporter` to export somewhere else (tests use an in-memory exporter).
     Calling it again replaces the previous configuration (which is shut down).
+    `cold_start_requests` (default 1) requests after process start, or after
+    `cold_start_idle_s` (default 300) idle seconds, are marked cold starts.
     """
     global _tracing
-    settings = Settings.resolve(endpoint, service_name, protocol, record_content, disabled)
+    settings = Settings.resolve(
+        endpoint,
+        service_name,
+        protocol,
+        record_content,
+        disabled,
+        cold_start_requests,
+        cold_start_idle_s,
+    )
     owns = tracer_provider is None
     if tracer_provider is None:
         attrs: dict[str, Any] = {"service.name": settings.service_name, "process.pid": os.getpid()}
@@ -148,6 +202,8 @@ def configure(
                 )
             )
     tracing = Tracing(settings, tracer_provider, owns_provider=owns)
+    if _tracing is not None:
+        _run_flush_hooks()  # pending data belongs to the old configuration
     with _lock:
         previous, _tracing = _tracing, tracing
     if previous is not None:
@@ -169,6 +225,8 @@ def get_tracing() -> Tracing:
 def shutdown() -> None:
     """Flushes and stops the exporter; safe to call twice."""
     global _tracing
+    if _tracing is not None:
+        _run_flush_hooks()
     with _lock:
         tracing, _tracing = _tracing, None
     if tracing is not None:

@@ -24,9 +24,12 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
+from tokentrace.instrumentation import _cold_start as cold_start
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._config import get_tracing
+from tokentrace.instrumentation._forward import poll_device_timings
+from tokentrace.instrumentation._gpu import gpu_summary
+from tokentrace.instrumentation._tally import DeviceTally
 
 logger = logging.getLogger("tokentrace")
 _propagator = TraceContextTextMapPropagator()
@@ -61,6 +64,7 @@ class RequestTrace:
         "_finished",
         "_ctx_token",
         "_attrs",
+        "tally",
     )
 
     def __init__(
@@ -82,7 +86,13 @@ class RequestTrace:
         self._open: dict[str, int] = {}
         self._finished = False
         self._ctx_token: contextvars.Token[RequestTrace | None] | None = None
+        #: forward passes run for this request (set by `instrument_model`)
+        self.tally: DeviceTally | None = None
+        tracing = get_tracing()
         attrs: dict[str, Any] = {semconv.REQUEST_ID: self.request_id}
+        settings = tracing.settings
+        if cold_start.tracker.observe(settings.cold_start_requests, settings.cold_start_idle_s):
+            attrs[semconv.COLD_START] = True
         if model:
             attrs[semconv.REQUEST_MODEL] = model
         if tenant:
@@ -92,7 +102,7 @@ class RequestTrace:
             attrs.update(attributes)
         self._attrs = attrs
         parent = _propagator.extract(carrier=dict(headers)) if headers else None
-        self._span = get_tracing().tracer.start_span(
+        self._span = tracing.tracer.start_span(
             name,
             context=parent,
             kind=SpanKind.SERVER,
@@ -184,10 +194,24 @@ class RequestTrace:
                     )
                     if semconv.OUTPUT_TOKENS not in self._attrs:
                         span.set_attribute(semconv.OUTPUT_TOKENS, len(self._tokens))
+                if self.tally is not None:
+                    self._emit_forward(span, self.tally)
+                gpu = gpu_summary(self._start_wall_ns, self._wall(end_mono))
+                if gpu:
+                    span.set_attributes(gpu)
         except Exception:  # the SDK's own failure must never reach the host
             logger.exception("tokentrace: failed to finish request span")
         finally:
             self._span.end(end_time=self._wall(end_mono))
+
+    @staticmethod
+    def _emit_forward(span: trace.Span, tally: DeviceTally) -> None:
+        if not tally.complete:
+            poll_device_timings()  # non-blocking: resolves CUDA events that are done
+        span.set_attribute(semconv.FORWARD_COUNT, tally.count)
+        span.set_attribute(semconv.FORWARD_HOST_US, tally.host_ns // 1000)
+        if tally.complete and tally.launched:
+            span.set_attribute(semconv.FORWARD_GPU_US, tally.device_ns // 1000)
 
     def _emit_children(self, span: trace.Span) -> None:
         tracer = get_tracing().tracer
@@ -272,9 +296,7 @@ def phase(name: str) -> Callable[[_F], _F]:
     return decorate
 
 
-def traced_request(
-    name: str = semconv.SPAN_REQUEST, **request_kwargs: Any
-) -> Callable[[_F], _F]:
+def traced_request(name: str = semconv.SPAN_REQUEST, **request_kwargs: Any) -> Callable[[_F], _F]:
     """Decorator: runs each call inside a new request trace (sync or async)."""
 
     def decorate(func: _F) -> _F:

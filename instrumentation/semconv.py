@@ -112,3 +112,22 @@ METRIC_GPU_SM_CLOCK: Final = "tokentrace.gpu.sm_clock"  # gauge, MHz
 METRIC_GPU_POWER: Final = "tokentrace.gpu.power"  # gauge, watts
 #: data-point attribute naming the GPU
 GPU_INDEX: Final = "gpu.index"
+
+# ---- added by the SDK (issue 3) ------------------------------------------------
+#: int: forward passes timed inside the request (outside engine steps).
+FORWARD_COUNT: Final = "tokentrace.forward.count"
+#: str: the name given to ``instrument_model`` (which model / callable ran).
+FORWARD_NAME: Final = "tokentrace.forward.name"
+#: int: number of steps carried by one ``tokentrace.engine.steps`` span.
+STEP_COUNT: Final = "tokentrace.step.count"
+#: int: steps dropped because the bounded step buffer was full.
+STEP_DROPPED: Final = "tokentrace.step.dropped"
+#: int: streamed chunks the client received.
+CLIENT_CHUNKS: Final = "tokentrace.client.chunks"
+HTTP_METHOD: Final = "http.request.method"
+HTTP_STATUS: Final = "http.response.status_code"
+URL_FULL: Final = "url.full"
+URL_PATH: Final = "url.path"
+SERVER_ADDRESS: Final = "server.address"
+#: int[]: per step, host time of the forward passes run inside it (µs, -1 when none).
+STEP_FORWARD_HOST_US: Final = "tokentrace.step.forward_host_us"

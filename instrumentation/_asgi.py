@@ -1,0 +1,126 @@
+"""Server side: an ASGI middleware (FastAPI / Starlette / any ASGI app) and a plain function.
+
+The middleware is plain ASGI, so importing it pulls in neither Starlette nor
+FastAPI.  It opens a request span per HTTP request, continuing an incoming
+W3C `traceparent`, makes it `current_request()` for the handler (streaming
+bodies included), sets `http.route` once the router has matched, and records
+5xx answers and exceptions as errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from typing import Any
+
+from tokentrace.instrumentation import semconv
+from tokentrace.instrumentation._request import RequestTrace, _current, request
+from tokentrace.instrumentation._safety import log_once
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_GUARD = "_tokentrace_instrumented"
+
+
+def request_from_headers(
+    headers: Mapping[str, str] | Iterable[tuple[str, str]], **kwargs: Any
+) -> RequestTrace:
+    """Gives a request trace continuing the caller's `traceparent` from any framework's headers.
+
+    `headers` is a mapping or (name, value) pairs (names case-insensitive);
+    keyword arguments go to `request()`.
+    """
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    carrier = {str(k).lower(): str(v) for k, v in items}
+    return request(headers=carrier, **kwargs)
+
+
+def _route_of(scope: Scope) -> str | None:
+    route = scope.get("route")
+    path = getattr(route, "path", None) or getattr(route, "path_format", None)
+    return str(path) if path else None
+
+
+class TokentraceMiddleware:
+    """ASGI middleware: one tokentrace request span per HTTP request."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        model: str | None = None,
+        exclude_paths: Iterable[str] = (),
+    ) -> None:
+        self.app = app
+        self.model = model
+        self.exclude_paths = frozenset(exclude_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http" or scope.get("path") in self.exclude_paths:
+            await self.app(scope, receive, send)
+            return
+        try:
+            headers = [
+                (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", ())
+            ]
+            req = request_from_headers(
+                headers,
+                model=self.model,
+                attributes={
+                    semconv.HTTP_METHOD: str(scope.get("method", "")),
+                    semconv.URL_PATH: str(scope.get("path", "")),
+                },
+            )
+        except Exception as exc:  # the SDK's own failure must never reach the host
+            log_once("ASGI request span", exc)
+            await self.app(scope, receive, send)
+            return
+        status: list[int] = []
+
+        async def send_wrapper(message: Message) -> None:
+            if message.get("type") == "http.response.start":
+                status.append(int(message.get("status", 0)))
+            await send(message)
+
+        token = _current.set(req)
+        error: BaseException | None = None
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except BaseException as exc:
+            error = exc
+            raise  # unchanged
+        finally:
+            _current.reset(token)
+            try:
+                route = _route_of(scope)
+                if route:
+                    req.set_attribute(semconv.ROUTE, route)
+                if status:
+                    req.set_attribute(semconv.HTTP_STATUS, status[0])
+                    if status[0] >= 500 and error is None:
+                        req.record_error(RuntimeError(f"HTTP {status[0]}"))
+            except Exception as exc:
+                log_once("ASGI request attributes", exc)
+            req.finish(error)
+
+
+def instrument_fastapi(app: Any, **middleware_kwargs: Any) -> Any:
+    """Adds `TokentraceMiddleware` to a FastAPI / Starlette app (before it starts); gives the app."""
+    if getattr(app, _GUARD, False):
+        return app
+    app.add_middleware(TokentraceMiddleware, **middleware_kwargs)
+    setattr(app, _GUARD, True)
+    return app
+
+
+def uninstrument_fastapi(app: Any) -> Any:
+    """Removes the middleware added by `instrument_fastapi`; gives the app."""
+    if not getattr(app, _GUARD, False):
+        return app
+    app.user_middleware = [m for m in app.user_middleware if m.cls is not TokentraceMiddleware]
+    app.middleware_stack = None  # rebuilt on the next request
+    setattr(app, _GUARD, False)
+    return app

@@ -1,0 +1,155 @@
+"""The client side: a CLIENT span around one call, with streamed-chunk times.
+
+The client span's duration minus the server's request span duration is the
+network time; its first chunk time is the TTFT the user felt (DESIGN.md §2).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from tokentrace.instrumentation import semconv
+from tokentrace.instrumentation._config import get_tracing
+from tokentrace.instrumentation._safety import log_once
+
+_propagator = TraceContextTextMapPropagator()
+
+
+class ClientRequest:
+    """One client call: `with` / `async with`; `.chunk()` on each streamed chunk."""
+
+    __slots__ = ("_span", "_start_mono_ns", "_start_wall_ns", "_chunks", "_finished", "_ctx")
+
+    def __init__(
+        self,
+        *,
+        model: str | None = None,
+        tenant: str | None = None,
+        traffic_class: str | None = None,
+        name: str = semconv.SPAN_CLIENT,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> None:
+        attrs: dict[str, Any] = {}
+        if model:
+            attrs[semconv.REQUEST_MODEL] = model
+        if tenant:
+            attrs[semconv.TENANT] = tenant
+        if traffic_class:
+            attrs[semconv.TRAFFIC_CLASS] = traffic_class
+        if attributes:
+            attrs.update(attributes)
+        self._chunks: list[int] = []
+        self._finished = False
+        self._ctx: Any = None
+        self._start_mono_ns = time.monotonic_ns()
+        self._start_wall_ns = time.time_ns()
+        self._span = get_tracing().tracer.start_span(
+            name, kind=SpanKind.CLIENT, attributes=attrs, start_time=self._start_wall_ns
+        )
+
+    @property
+    def span(self) -> trace.Span:
+        return self._span
+
+    # ---- hot path ---------------------------------------------------------
+    def chunk(self, n: int = 1) -> None:
+        """Records that `n` streamed chunks arrived now (an append)."""
+        now = time.monotonic_ns()
+        if n == 1:
+            self._chunks.append(now)
+        else:
+            self._chunks.extend([now] * n)
+
+    # ---- cold path ---------------------------------------------------------
+    def headers(self, existing: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Gives `existing` headers plus `traceparent` (the server span becomes our child)."""
+        carrier = dict(existing or {})
+        _propagator.inject(carrier, context=trace.set_span_in_context(self._span))
+        return carrier
+
+    def set_tokens(self, prompt: int | None = None, output: int | None = None) -> None:
+        if self._span.is_recording():
+            if prompt is not None:
+                self._span.set_attribute(semconv.PROMPT_TOKENS, int(prompt))
+            if output is not None:
+                self._span.set_attribute(semconv.OUTPUT_TOKENS, int(output))
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if self._span.is_recording():
+            self._span.set_attribute(key, value)
+
+    def record_error(self, exc: BaseException) -> None:
+        if self._span.is_recording():
+            self._span.record_exception(exc)
+            self._span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+
+    @property
+    def chunk_count(self) -> int:
+        return len(self._chunks)
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """Records chunk times and TTFC and ends the client span; runs once."""
+        if self._finished:
+            return
+        self._finished = True
+        end_mono = time.monotonic_ns()
+        span = self._span
+        try:
+            if error is not None:
+                self.record_error(error)
+            if span.is_recording() and self._chunks:
+                base = self._start_mono_ns
+                offsets = [(t - base) // 1000 for t in self._chunks]
+                span.set_attribute(semconv.CLIENT_CHUNK_OFFSETS_US, offsets)
+                span.set_attribute(semconv.CLIENT_CHUNKS, len(offsets))
+                span.set_attribute(semconv.CLIENT_TTFC_S, (self._chunks[0] - base) / 1e9)
+        except Exception as exc:  # the SDK's own failure must never reach the host
+            log_once("client span finish", exc)
+        finally:
+            span.end(end_time=self._start_wall_ns + (end_mono - self._start_mono_ns))
+
+    # ---- context managers (sync and async) ---------------------------------
+    def __enter__(self) -> ClientRequest:
+        from opentelemetry import context as otel_context
+
+        self._ctx = otel_context.attach(trace.set_span_in_context(self._span))
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._detach()
+        self.finish(exc)
+
+    async def __aenter__(self) -> ClientRequest:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def _detach(self) -> None:
+        if self._ctx is not None:
+            from opentelemetry import context as otel_context
+
+            try:
+                otel_context.detach(self._ctx)
+            except Exception as exc:
+                log_once("client context detach", exc)
+            self._ctx = None
+
+
+def client_request(
+    *,
+    model: str | None = None,
+    tenant: str | None = None,
+    traffic_class: str | None = None,
+    name: str = semconv.SPAN_CLIENT,
+    attributes: Mapping[str, Any] | None = None,
+) -> ClientRequest:
+    """Gives a client-call tracer: use `with` / `async with`, send `.headers()`, call `.chunk()`."""
+    return ClientRequest(
+        model=model, tenant=tenant, traffic_class=traffic_class, name=name, attributes=attributes
+    )

@@ -1,0 +1,43 @@
+"""Cold-start marking: the first requests after process start or a long idle gap."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+
+class ColdStartTracker:
+    """Says whether a request starting now is a cold start.
+
+    A request is cold when it is one of the first `requests` after the process
+    started, or after `idle_s` seconds without any request starting.  The clock
+    is injected so tests control time.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: float | None = None
+        self._cold_left: int | None = None  # None: not started yet
+
+    def observe(self, requests: int, idle_s: float) -> bool:
+        """Counts one request starting now; gives True when it is a cold start."""
+        now = self._clock()
+        with self._lock:
+            if self._cold_left is None or (self._last is not None and now - self._last >= idle_s):
+                self._cold_left = requests
+            self._last = now
+            if self._cold_left > 0:
+                self._cold_left -= 1
+                return True
+            return False
+
+    def reset(self) -> None:
+        """Forgets history: the next requests are cold again (as after a restart)."""
+        with self._lock:
+            self._last = None
+            self._cold_left = None
+
+
+tracker = ColdStartTracker()

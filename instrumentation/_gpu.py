@@ -1,0 +1,329 @@
+"""NVML sampling on a daemon thread, shipped as OTLP metrics with per-sample timestamps.
+
+Only cheap NVML calls are made (utilization, memory, SM clock, power); never
+process lists.  Samples go to a bounded ring (for request GPU summaries) and a
+bounded export queue; a second daemon thread ships the queue to the collector
+every second as OTLP gauges, one data point per sample, each with its own
+timestamp.  A failed export drops that batch (no retries: the host never waits).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections import deque
+from typing import Any, NamedTuple, Protocol
+
+from tokentrace.instrumentation import semconv
+from tokentrace.instrumentation._config import add_flush_hook, get_tracing, logger
+from tokentrace.instrumentation._safety import log_once
+
+DEFAULT_INTERVAL_S = 0.1
+DEFAULT_RING_SIZE = 6_000  # 10 min at 10 Hz per GPU
+EXPORT_INTERVAL_S = 1.0
+EXPORT_TIMEOUT_S = 2.0
+MAX_EXPORT_QUEUE = 20_000
+
+
+class GpuReading(NamedTuple):
+    utilization_pct: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    sm_clock_mhz: float
+    power_w: float
+
+
+class GpuSample(NamedTuple):
+    ts_ns: int
+    gpu_index: int
+    reading: GpuReading
+
+
+class GpuBackend(Protocol):
+    """What the sampler needs from NVML (tests inject a fake with the same shape)."""
+
+    def device_count(self) -> int: ...
+
+    def read(self, index: int) -> GpuReading: ...
+
+    def close(self) -> None: ...
+
+
+class NvmlBackend:
+    """The real backend: `pynvml` from the nvidia-ml-py package."""
+
+    def __init__(self) -> None:
+        import pynvml
+
+        self._nvml = pynvml
+        pynvml.nvmlInit()
+        self._handles = [
+            pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())
+        ]
+
+    def device_count(self) -> int:
+        return len(self._handles)
+
+    def read(self, index: int) -> GpuReading:
+        nv, h = self._nvml, self._handles[index]
+        util = nv.nvmlDeviceGetUtilizationRates(h)
+        mem = nv.nvmlDeviceGetMemoryInfo(h)
+        try:
+            power_w = nv.nvmlDeviceGetPowerUsage(h) / 1000.0  # milliwatts
+        except nv.NVMLError:
+            power_w = float("nan")  # not supported on every board
+        sm = nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
+        return GpuReading(float(util.gpu), int(mem.used), int(mem.total), float(sm), power_w)
+
+    def close(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+_METRICS = (
+    (semconv.METRIC_GPU_UTIL, "%", 0),
+    (semconv.METRIC_GPU_MEM_USED, "By", 1),
+    (semconv.METRIC_GPU_MEM_TOTAL, "By", 2),
+    (semconv.METRIC_GPU_SM_CLOCK, "MHz", 3),
+    (semconv.METRIC_GPU_POWER, "W", 4),
+)
+
+
+def samples_to_otlp(samples: list[GpuSample], resource: dict[str, Any]) -> Any:
+    """Gives an ExportMetricsServiceRequest: one gauge per metric, one point per sample."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
+
+    def any_value(v: Any) -> AnyValue:
+        if isinstance(v, bool):
+            return AnyValue(bool_value=v)
+        if isinstance(v, int):
+            return AnyValue(int_value=v)
+        if isinstance(v, float):
+            return AnyValue(double_value=v)
+        return AnyValue(string_value=str(v))
+
+    req = ExportMetricsServiceRequest()
+    rm = req.resource_metrics.add()
+    rm.resource.attributes.extend(KeyValue(key=k, value=any_value(v)) for k, v in resource.items())
+    sm = rm.scope_metrics.add()
+    sm.scope.name = "tokentrace"
+    for name, unit, field in _METRICS:
+        metric = Metric(name=name, unit=unit)
+        for s in samples:
+            value = s.reading[field]
+            if value != value:  # NaN: the board does not report it
+                continue
+            point = NumberDataPoint(time_unix_nano=s.ts_ns)
+            if field in (1, 2):
+                point.as_int = int(value)
+            else:
+                point.as_double = float(value)
+            point.attributes.append(
+                KeyValue(key=semconv.GPU_INDEX, value=AnyValue(int_value=s.gpu_index))
+            )
+            metric.gauge.data_points.append(point)
+        if metric.gauge.data_points:
+            sm.metrics.append(metric)
+    return req
+
+
+class GpuSampler:
+    """Polls the GPUs on a daemon thread; `.summary()` gives a window's mean / max."""
+
+    def __init__(
+        self,
+        backend: GpuBackend | None,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        *,
+        ring_size: int = DEFAULT_RING_SIZE,
+        export: bool = True,
+        export_interval_s: float = EXPORT_INTERVAL_S,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, not {interval_s}")
+        self.backend = backend
+        self.interval_s = interval_s
+        self._ring: deque[GpuSample] = deque(maxlen=ring_size)
+        self._ring_lock = threading.Lock()
+        self._outbox: deque[GpuSample] = deque(maxlen=MAX_EXPORT_QUEUE)
+        self._export = export
+        self._export_interval_s = export_interval_s
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.samples_taken = 0
+        self.samples_exported = 0
+        self.export_failures = 0
+
+    @property
+    def running(self) -> bool:
+        return any(t.is_alive() for t in self._threads)
+
+    def start(self) -> GpuSampler:
+        if self.backend is None or self._threads:
+            return self
+        self._threads = [
+            threading.Thread(target=self._sample_loop, name="tokentrace-nvml", daemon=True)
+        ]
+        if self._export:
+            self._threads.append(
+                threading.Thread(
+                    target=self._export_loop, name="tokentrace-gpu-export", daemon=True
+                )
+            )
+        for t in self._threads:
+            t.start()
+        return self
+
+    def sample_once(self) -> None:
+        """Reads every GPU now and records the samples (the thread's body; tests call it)."""
+        assert self.backend is not None
+        now = time.time_ns()
+        for i in range(self.backend.device_count()):
+            sample = GpuSample(now, i, self.backend.read(i))
+            with self._ring_lock:
+                self._ring.append(sample)
+            self._outbox.append(sample)
+            self.samples_taken += 1
+
+    def _sample_loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.sample_once()
+            except Exception as exc:  # the SDK's own failure must never reach the host
+                log_once("NVML sampling", exc)
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    def _export_loop(self) -> None:
+        while not self._stop.wait(self._export_interval_s):
+            self.export_now()
+        self.export_now()
+
+    def export_now(self) -> int:
+        """Ships the queued samples to the collector once (no retry); gives how many went."""
+        batch: list[GpuSample] = []
+        while self._outbox:
+            batch.append(self._outbox.popleft())
+        if not batch:
+            return 0
+        try:
+            tracing = get_tracing()
+            resource = dict(getattr(tracing.provider, "resource", None).attributes or {})  # type: ignore[union-attr]
+            body = samples_to_otlp(batch, resource)
+            _send(tracing.settings.endpoint, tracing.settings.protocol, body)
+        except Exception as exc:
+            self.export_failures += 1
+            log_once("GPU metrics export", exc)
+            return 0
+        self.samples_exported += len(batch)
+        return len(batch)
+
+    def summary(self, start_ns: int, end_ns: int) -> dict[str, Any] | None:
+        """Gives the mean utilization and max memory used over [start_ns, end_ns], or None."""
+        utils: list[float] = []
+        mem_max = -1
+        with self._ring_lock:
+            for s in reversed(self._ring):
+                if s.ts_ns < start_ns:
+                    break
+                if s.ts_ns <= end_ns:
+                    utils.append(s.reading.utilization_pct)
+                    mem_max = max(mem_max, s.reading.memory_used_bytes)
+        if not utils:
+            return None
+        return {semconv.GPU_UTIL_MEAN: sum(utils) / len(utils), semconv.GPU_MEM_MAX_BYTES: mem_max}
+
+    def stop(self) -> None:
+        """Stops both threads (the exporter ships what is left) and closes the backend; runs once."""
+        global _active
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=EXPORT_TIMEOUT_S + 1)
+        self._threads = []
+        if self.backend is not None:
+            try:
+                self.backend.close()
+            except Exception as exc:
+                log_once("NVML shutdown", exc)
+            self.backend = None
+        if _active is self:
+            _active = None
+
+
+def _send(endpoint: str, protocol: str, body: Any) -> None:
+    if protocol == "grpc":
+        import grpc
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import (
+            MetricsServiceStub,
+        )
+
+        target = endpoint.split("://", 1)[-1]
+        with grpc.insecure_channel(target) as channel:
+            MetricsServiceStub(channel).Export(body, timeout=EXPORT_TIMEOUT_S)
+        return
+    req = urllib.request.Request(
+        f"{endpoint}/v1/metrics",
+        data=body.SerializeToString(),
+        headers={"Content-Type": "application/x-protobuf"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=EXPORT_TIMEOUT_S) as resp:  # noqa: S310 - http(s) checked in Settings
+        resp.read()
+
+
+_active: GpuSampler | None = None
+
+
+def start_gpu_sampler(
+    interval_s: float = DEFAULT_INTERVAL_S,
+    backend: GpuBackend | None = None,
+    *,
+    ring_size: int = DEFAULT_RING_SIZE,
+    export: bool = True,
+    export_interval_s: float = EXPORT_INTERVAL_S,
+) -> GpuSampler:
+    """Starts sampling the GPUs (NVML unless `backend` is given); gives the sampler.
+
+    Without NVML or a GPU it logs once and gives a sampler that stays off.
+    Request spans finished while it runs get a GPU summary over their lifetime.
+    """
+    global _active
+    if backend is None:
+        try:
+            backend = NvmlBackend()
+            if backend.device_count() == 0:
+                backend.close()
+                raise RuntimeError("NVML sees no GPU")
+        except Exception as exc:
+            logger.info("tokentrace: GPU sampler off (%s)", exc)
+            backend = None
+    sampler = GpuSampler(
+        backend, interval_s, ring_size=ring_size, export=export, export_interval_s=export_interval_s
+    )
+    if _active is not None and _active is not sampler:
+        _active.stop()
+    if backend is not None:
+        _active = sampler.start()
+    return sampler
+
+
+def gpu_summary(start_ns: int, end_ns: int) -> dict[str, Any] | None:
+    """Gives the running sampler's summary of a window, or None when none runs."""
+    sampler = _active
+    return None if sampler is None else sampler.summary(start_ns, end_ns)
+
+
+def _flush_active() -> None:
+    sampler = _active
+    if sampler is not None:
+        sampler.export_now()
+
+
+add_flush_hook(_flush_active)

@@ -1,0 +1,197 @@
+"""httpx integration: a client span + `traceparent` per request, chunk times when streamed.
+
+httpx is imported only when `instrument_httpx()` is called.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import wrapt
+from tokentrace.instrumentation import semconv
+from tokentrace.instrumentation._client import ClientRequest
+from tokentrace.instrumentation._safety import log_once
+
+_in_client_span: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "tokentrace_httpx", default=False
+)
+_classes_instrumented = False
+_stream_types: dict[str, type] = {}
+#: Request bodies up to this size are read for a JSON `model` field (OpenAI-style APIs).
+MODEL_SNIFF_MAX_BYTES = 256 * 1024
+
+
+def _streams() -> tuple[type, type]:
+    """Gives the chunk-recording stream classes (built on first use: they subclass httpx's)."""
+    if not _stream_types:
+        import httpx
+
+        class SyncChunkStream(httpx.SyncByteStream):
+            def __init__(self, inner: Any, client: ClientRequest) -> None:
+                self._inner = inner
+                self._client = client
+
+            def __iter__(self) -> Iterator[bytes]:
+                try:
+                    for chunk in self._inner:
+                        self._client.chunk()
+                        yield chunk
+                except BaseException as exc:
+                    self._client.finish(exc)
+                    raise
+                self._client.finish()
+
+            def close(self) -> None:
+                try:
+                    self._inner.close()
+                finally:
+                    self._client.finish()
+
+        class AsyncChunkStream(httpx.AsyncByteStream):
+            def __init__(self, inner: Any, client: ClientRequest) -> None:
+                self._inner = inner
+                self._client = client
+
+            async def __aiter__(self) -> AsyncIterator[bytes]:
+                try:
+                    async for chunk in self._inner:
+                        self._client.chunk()
+                        yield chunk
+                except BaseException as exc:
+                    self._client.finish(exc)
+                    raise
+                self._client.finish()
+
+            async def aclose(self) -> None:
+                try:
+                    await self._inner.aclose()
+                finally:
+                    self._client.finish()
+
+        _stream_types["sync"] = SyncChunkStream
+        _stream_types["async"] = AsyncChunkStream
+    return _stream_types["sync"], _stream_types["async"]
+
+
+def _start_span(request: Any) -> ClientRequest | None:
+    """Opens the client span and injects `traceparent`; None when the call is traced already."""
+    if _in_client_span.get() or "traceparent" in request.headers:
+        return None
+    try:
+        attrs: dict[str, Any] = {
+            semconv.HTTP_METHOD: request.method,
+            semconv.SERVER_ADDRESS: request.url.host,
+            semconv.URL_PATH: request.url.path,
+        }
+        model = _sniff_model(request)
+        cr = ClientRequest(model=model, attributes=attrs)
+        for k, v in cr.headers().items():
+            request.headers[k] = v
+        return cr
+    except Exception as exc:  # the SDK's own failure must never reach the host
+        log_once("httpx client span", exc)
+        return None
+
+
+def _sniff_model(request: Any) -> str | None:
+    if "json" not in request.headers.get("content-type", ""):
+        return None
+    try:
+        content = request.content  # raises for a streaming body not yet read
+    except Exception:
+        return None
+    if not content or len(content) > MODEL_SNIFF_MAX_BYTES:
+        return None
+    try:
+        body = json.loads(content)
+    except ValueError:
+        return None
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) else None
+
+
+def _after_response(cr: ClientRequest, response: Any, streaming: bool, async_: bool) -> None:
+    try:
+        cr.set_attribute(semconv.HTTP_STATUS, response.status_code)
+        if response.status_code >= 500:
+            cr.record_error(RuntimeError(f"HTTP {response.status_code}"))
+        if streaming:
+            sync_cls, async_cls = _streams()
+            response.stream = (async_cls if async_ else sync_cls)(response.stream, cr)
+            return
+    except Exception as exc:
+        log_once("httpx response", exc)
+    cr.finish()
+
+
+def _sync_send(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    request = args[0] if args else kwargs.get("request")
+    cr = _start_span(request) if request is not None else None
+    if cr is None:
+        return wrapped(*args, **kwargs)
+    token = _in_client_span.set(True)
+    try:
+        response = wrapped(*args, **kwargs)
+    except BaseException as exc:
+        cr.finish(exc)
+        raise
+    finally:
+        _in_client_span.reset(token)
+    _after_response(cr, response, bool(kwargs.get("stream", False)), async_=False)
+    return response
+
+
+async def _async_send(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    request = args[0] if args else kwargs.get("request")
+    cr = _start_span(request) if request is not None else None
+    if cr is None:
+        return await wrapped(*args, **kwargs)
+    token = _in_client_span.set(True)
+    try:
+        response = await wrapped(*args, **kwargs)
+    except BaseException as exc:
+        cr.finish(exc)
+        raise
+    finally:
+        _in_client_span.reset(token)
+    _after_response(cr, response, bool(kwargs.get("stream", False)), async_=True)
+    return response
+
+
+def instrument_httpx(client: Any = None) -> Any:
+    """Traces every request of `client` (an httpx.Client / AsyncClient), or of all clients when None."""
+    global _classes_instrumented
+    import httpx
+
+    if client is None:
+        if not _classes_instrumented:
+            wrapt.wrap_function_wrapper(httpx.Client, "send", _sync_send)
+            wrapt.wrap_function_wrapper(httpx.AsyncClient, "send", _async_send)
+            _classes_instrumented = True
+        return None
+    if isinstance(client.__dict__.get("send"), wrapt.FunctionWrapper):
+        return client  # already instrumented
+    wrapper = _async_send if isinstance(client, httpx.AsyncClient) else _sync_send
+    client.send = wrapt.FunctionWrapper(client.send, wrapper)
+    return client
+
+
+def uninstrument_httpx(client: Any = None) -> Any:
+    """Undoes `instrument_httpx` for `client`, or for the classes when None."""
+    global _classes_instrumented
+    import httpx
+
+    if client is None:
+        if _classes_instrumented:
+            for cls in (httpx.Client, httpx.AsyncClient):
+                current = cls.__dict__.get("send")
+                if isinstance(current, wrapt.FunctionWrapper):
+                    cls.send = current.__wrapped__
+            _classes_instrumented = False
+        return None
+    if isinstance(client.__dict__.get("send"), wrapt.FunctionWrapper):
+        del client.__dict__["send"]
+    return client

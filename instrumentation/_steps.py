@@ -1,0 +1,266 @@
+"""Engine steps: one record per continuous-batching scheduler iteration.
+
+Recording a step is an append of one tuple to a bounded deque; a daemon
+flusher turns batches of steps into `tokentrace.engine.steps` spans whose
+attributes are parallel arrays (`semconv.STEP_*`).  Each batch span is its own
+root (its own trace): steps serve many requests and belong to none of them.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry.trace import SpanKind
+from tokentrace.instrumentation import semconv
+from tokentrace.instrumentation._config import add_flush_hook, get_tracing
+from tokentrace.instrumentation._forward import poll_device_timings
+from tokentrace.instrumentation._safety import log_once
+from tokentrace.instrumentation._tally import DeviceTally
+
+#: Steps kept waiting for export; beyond it the oldest are dropped (and counted).
+MAX_PENDING_STEPS = 65_536
+#: Most steps per emitted span (keeps one span's attributes a few hundred kB at most).
+MAX_STEPS_PER_SPAN = 2_048
+FLUSH_INTERVAL_S = 1.0
+#: How long a step waits for its CUDA timings before it is sent with gpu_us unknown.
+DEVICE_WAIT_NS = 2_000_000_000
+
+# (start_ns, end_ns, prefill_tokens, decode_seqs, batch_size, queue_depth,
+#  request_ids, kv_usage, gpu_us, tally)
+_StepRecord = tuple[int, int, int, int, int, int, str, float, int, DeviceTally | None]
+
+_current_step: contextvars.ContextVar[EngineStep | None] = contextvars.ContextVar(
+    "tokentrace_engine_step", default=None
+)
+
+
+class StepRecorder:
+    """The bounded step buffer and its daemon flusher thread."""
+
+    def __init__(
+        self, flush_interval_s: float = FLUSH_INTERVAL_S, max_pending: int = MAX_PENDING_STEPS
+    ) -> None:
+        self._steps: deque[_StepRecord] = deque(maxlen=max_pending)
+        self._max_pending = max_pending
+        self._interval = flush_interval_s
+        self._wake = threading.Event()
+        self._flush_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+        self.dropped = 0
+        self.emitted_spans = 0
+
+    # ---- hot path ---------------------------------------------------------
+    def append(self, record: _StepRecord) -> None:
+        steps = self._steps
+        if len(steps) >= self._max_pending:
+            self.dropped += 1  # deque(maxlen) drops the oldest on append
+        steps.append(record)
+        if self._thread is None:
+            self._start()
+        elif len(steps) >= MAX_STEPS_PER_SPAN:
+            self._wake.set()
+
+    # ---- flusher ----------------------------------------------------------
+    def _start(self) -> None:
+        with self._thread_lock:
+            if self._thread is None:
+                t = threading.Thread(target=self._run, name="tokentrace-steps", daemon=True)
+                self._thread = t
+                t.start()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            try:
+                self.flush(final=False)
+            except Exception as exc:  # the SDK's own failure must never reach the host
+                log_once("engine-step flush", exc)
+
+    def _after_fork(self) -> None:
+        self._thread = None
+        self._steps.clear()
+        self._flush_lock = threading.Lock()
+        self._thread_lock = threading.Lock()
+
+    def flush(self, final: bool = True) -> int:
+        """Emits every buffered step as `tokentrace.engine.steps` spans; gives the count.
+
+        Steps whose CUDA timings are still running wait (up to DEVICE_WAIT_NS)
+        unless `final`, where they go with gpu_us unknown.
+        """
+        with self._flush_lock:
+            if not self._steps:
+                return 0
+            poll_device_timings()
+            batch: list[_StepRecord] = []
+            now = time.time_ns()
+            while self._steps:
+                rec = self._steps.popleft()
+                tally = rec[9]
+                if (
+                    not final
+                    and tally is not None
+                    and not tally.complete
+                    and now - rec[1] < DEVICE_WAIT_NS
+                ):
+                    self._steps.appendleft(rec)  # keep order: later steps wait too
+                    break
+                batch.append(rec)
+            for i in range(0, len(batch), MAX_STEPS_PER_SPAN):
+                self._emit(batch[i : i + MAX_STEPS_PER_SPAN])
+            return len(batch)
+
+    def _emit(self, batch: list[_StepRecord]) -> None:
+        tracer = get_tracing().tracer
+        gpu_us: list[int] = []
+        fwd_host_us: list[int] = []
+        for rec in batch:
+            tally = rec[9]
+            if tally is not None and tally.count:
+                fwd_host_us.append(tally.host_ns // 1000)
+                known = tally.launched and tally.complete
+                gpu_us.append(tally.device_ns // 1000 if known else rec[8])
+            else:
+                fwd_host_us.append(-1)
+                gpu_us.append(rec[8])
+        attrs: dict[str, Any] = {
+            semconv.STEP_COUNT: len(batch),
+            semconv.STEP_START_NS: [r[0] for r in batch],
+            semconv.STEP_DURATION_US: [(r[1] - r[0]) // 1000 for r in batch],
+            semconv.STEP_PREFILL_TOKENS: [r[2] for r in batch],
+            semconv.STEP_DECODE_SEQS: [r[3] for r in batch],
+            semconv.STEP_BATCH_SIZE: [r[4] for r in batch],
+            semconv.STEP_QUEUE_DEPTH: [r[5] for r in batch],
+            semconv.STEP_REQUEST_IDS: [r[6] for r in batch],
+            semconv.STEP_KV_USAGE: [r[7] for r in batch],
+            semconv.STEP_GPU_US: gpu_us,
+            semconv.STEP_FORWARD_HOST_US: fwd_host_us,
+        }
+        if self.dropped:
+            attrs[semconv.STEP_DROPPED] = self.dropped
+            self.dropped = 0
+        span = tracer.start_span(
+            semconv.SPAN_ENGINE_STEPS,
+            context=otel_context.Context(),  # empty context: a new root, its own trace
+            kind=SpanKind.INTERNAL,
+            attributes=attrs,
+            start_time=min(r[0] for r in batch),
+        )
+        span.end(end_time=max(r[1] for r in batch))
+        self.emitted_spans += 1
+
+
+recorder = StepRecorder()
+add_flush_hook(recorder.flush)
+os.register_at_fork(after_in_child=recorder._after_fork)
+
+
+class EngineStep:
+    """One scheduler iteration: use as a context manager around the step's work."""
+
+    __slots__ = (
+        "queue_depth",
+        "kv_usage",
+        "prefill_tokens",
+        "decode_seqs",
+        "request_ids",
+        "tally",
+        "start_ns",
+        "_ctx_token",
+    )
+
+    def __init__(self, queue_depth: int = 0, kv_usage: float | None = None) -> None:
+        self.queue_depth = queue_depth
+        self.kv_usage = kv_usage
+        self.prefill_tokens = 0
+        self.decode_seqs = 0
+        self.request_ids: list[str] = []
+        #: forward passes run inside this step (set by `instrument_model`)
+        self.tally: DeviceTally | None = None
+        self.start_ns = 0
+        self._ctx_token: contextvars.Token[EngineStep | None] | None = None
+
+    def prefill(self, request_id: str, tokens: int) -> None:
+        """Records that this step prefilled `tokens` prompt tokens of `request_id`."""
+        self.prefill_tokens += tokens
+        self.request_ids.append(request_id)
+
+    def decode(self, request_id: str) -> None:
+        """Records that this step decoded one token of `request_id`."""
+        self.decode_seqs += 1
+        self.request_ids.append(request_id)
+
+    def __enter__(self) -> EngineStep:
+        self._ctx_token = _current_step.set(self)
+        self.start_ns = time.time_ns()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        end_ns = time.time_ns()
+        if self._ctx_token is not None:
+            _current_step.reset(self._ctx_token)
+            self._ctx_token = None
+        ids = list(dict.fromkeys(self.request_ids))  # a chunked prefill may list one request twice
+        kv = -1.0 if self.kv_usage is None else float(self.kv_usage)
+        recorder.append(
+            (
+                self.start_ns,
+                end_ns,
+                self.prefill_tokens,
+                self.decode_seqs,
+                len(ids),
+                self.queue_depth,
+                ",".join(ids),
+                kv,
+                -1,
+                self.tally,
+            )
+        )
+
+
+def engine_step(*, queue_depth: int = 0, kv_usage: float | None = None) -> EngineStep:
+    """Gives a context manager that records one continuous-batching step when it exits."""
+    return EngineStep(queue_depth, kv_usage)
+
+
+def current_step() -> EngineStep | None:
+    """Gives the engine step running in this context, if any."""
+    return _current_step.get()
+
+
+def record_step(
+    *,
+    start_ns: int,
+    end_ns: int,
+    prefill_tokens: int,
+    decode_seqs: int,
+    batch_size: int,
+    queue_depth: int,
+    request_ids: Sequence[str] = (),
+    kv_usage: float | None = None,
+    gpu_us: int | None = None,
+) -> None:
+    """Records one step measured by the caller (times from `time.time_ns()`); an append."""
+    recorder.append(
+        (
+            int(start_ns),
+            int(end_ns),
+            int(prefill_tokens),
+            int(decode_seqs),
+            int(batch_size),
+            int(queue_depth),
+            ",".join(request_ids),
+            -1.0 if kv_usage is None else float(kv_usage),
+            -1 if gpu_us is None else int(gpu_us),
+            None,
+        )
+    )

@@ -1,0 +1,77 @@
+"""Tokenizer timing: any object with encode/decode, timed as request phases."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import wrapt
+from tokentrace.instrumentation._request import RequestTrace, current_request
+
+#: Methods timed as "tokenize" / "detokenize"; everything else passes through untouched.
+TOKENIZE_METHODS = frozenset(
+    {"encode", "encode_batch", "encode_plus", "batch_encode_plus", "__call__"}
+)
+DETOKENIZE_METHODS = frozenset({"decode", "decode_batch", "batch_decode"})
+
+
+def _timed_call(phase: str, fn: Any, request: RequestTrace | None, args: Any, kwargs: Any) -> Any:
+    req = request if request is not None else current_request()
+    if req is None:
+        return fn(*args, **kwargs)
+    start = time.monotonic_ns()
+    try:
+        return fn(*args, **kwargs)  # the user's exceptions pass through unchanged
+    finally:
+        req._phases.append((phase, start, time.monotonic_ns()))
+
+
+class _TimedMethod(wrapt.ObjectProxy):  # type: ignore[misc]
+    """A bound tokenizer method that records its call as a phase."""
+
+    def __init__(self, wrapped: Any, phase: str, request: RequestTrace | None) -> None:
+        super().__init__(wrapped)
+        self._self_phase = phase
+        self._self_request = request
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _timed_call(self._self_phase, self.__wrapped__, self._self_request, args, kwargs)
+
+
+class TokenizerProxy(wrapt.ObjectProxy):  # type: ignore[misc]
+    """Behaves as the wrapped tokenizer; encode/decode calls are timed.
+
+    Sync code is timed directly; in async code the calls are sync too (tokenizers
+    do not await), and the phase lands on the request current in that task.
+    """
+
+    def __init__(self, wrapped: Any, request: RequestTrace | None = None) -> None:
+        super().__init__(wrapped)
+        self._self_request = request
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.__wrapped__, name)
+        if name in TOKENIZE_METHODS:
+            return _TimedMethod(value, "tokenize", self._self_request)
+        if name in DETOKENIZE_METHODS:
+            return _TimedMethod(value, "detokenize", self._self_request)
+        return value
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # transformers tokenizers and plain callables tokenize when called
+        return _timed_call("tokenize", self.__wrapped__, self._self_request, args, kwargs)
+
+
+def wrap_tokenizer(tokenizer: Any, request: RequestTrace | None = None) -> Any:
+    """Gives a proxy of `tokenizer` whose encode/decode time lands in the request's phases.
+
+    The time goes to `request` when given, else to `current_request()`;
+    outside a request the calls just pass through.
+    """
+    if isinstance(tokenizer, TokenizerProxy):
+        return tokenizer
+    if not (callable(tokenizer) or hasattr(tokenizer, "encode") or hasattr(tokenizer, "decode")):
+        raise TypeError(
+            f"wrap_tokenizer needs an object with encode/decode or a callable, not {type(tokenizer)!r}"
+        )
+    return TokenizerProxy(tokenizer, request)
