@@ -1,23 +1,47 @@
-"""OTLP/HTTP receiver: POST /v1/traces, protobuf or JSON, optionally gzip."""
+"""OTLP/HTTP receiver: POST /v1/traces and /v1/metrics (protobuf or JSON, optionally
+gzip), and the collector's Prometheus `/metrics`.
+
+Answers follow the OTLP/HTTP spec: the reply is in the request's content type;
+400 for bad data, 413 over the size bound, 415 for an unknown type or encoding,
+503 + Retry-After under backpressure, 200 with `partialSuccess` when some spans
+were rejected.
+"""
 
 from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-
-from tokentrace.collector.otlp import OtlpDecodeError, decode_json, decode_protobuf
+from tokentrace.collector.otlp import (
+    OtlpDecodeError,
+    decode_json_partial,
+    decode_protobuf_partial,
+)
+from tokentrace.collector.otlp_metrics import decode_metrics_json, decode_metrics_protobuf
 from tokentrace.collector.pipeline import Pipeline
+from tokentrace.collector.self_metrics import CollectorMetrics
+from tokentrace.collector.writer import WriteBatch
+
+T = TypeVar("T")
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 #: Seconds a client should wait after a 503 before retrying.
 RETRY_AFTER_S = 1
+
+
+#: google.rpc.Code carried in protobuf error bodies, by HTTP status.
+_GRPC_CODE = {400: 3, 413: 8, 415: 3, 429: 8, 503: 14}
 
 
 class BodyError(Exception):
@@ -69,7 +93,7 @@ def _error(status: int, message: str, content_type: str) -> Response:
         from google.rpc.status_pb2 import Status
 
         return Response(
-            Status(code=3 if status == 400 else 14, message=message).SerializeToString(),
+            Status(code=_GRPC_CODE.get(status, 2), message=message).SerializeToString(),
             status_code=status,
             media_type=PROTOBUF,
             headers=headers,
@@ -77,42 +101,131 @@ def _error(status: int, message: str, content_type: str) -> Response:
     return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)
 
 
-def make_traces_endpoint(pipeline: Pipeline, max_body_bytes: int):  # type: ignore[no-untyped-def]
+def _content_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+async def _decode(
+    request: Request, max_body_bytes: int, ctype: str, proto: Callable[[bytes], T],
+    json_doc: Callable[[Any], T],
+) -> T:  # fmt: skip
+    """Reads and decodes a body; BodyError / OtlpDecodeError say what is wrong."""
+    if ctype not in (PROTOBUF, JSON):
+        raise BodyError(415, f"Content-Type must be {PROTOBUF} or {JSON}, not {ctype!r}")
+    body = await read_body(request, max_body_bytes)
+    if ctype == PROTOBUF:
+        return proto(body)
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise OtlpDecodeError(f"invalid JSON: {exc}") from exc
+    return json_doc(doc)
+
+
+def _partial(reply_type: str, rejected: int, message: str, signal: str) -> Response:
+    """Gives the OTLP success response, with partial success when something was rejected."""
+    if reply_type == JSON:
+        if not rejected:
+            return JSONResponse({})
+        key = "rejectedSpans" if signal == "traces" else "rejectedDataPoints"
+        # OTLP/JSON writes int64 as strings
+        return JSONResponse({"partialSuccess": {key: str(rejected), "errorMessage": message}})
+    if signal == "traces":
+        traces_reply = ExportTraceServiceResponse()
+        if rejected:
+            traces_reply.partial_success.rejected_spans = rejected
+            traces_reply.partial_success.error_message = message
+        return Response(traces_reply.SerializeToString(), media_type=PROTOBUF)
+    metrics_reply = ExportMetricsServiceResponse()
+    if rejected:
+        metrics_reply.partial_success.rejected_data_points = rejected
+        metrics_reply.partial_success.error_message = message
+    return Response(metrics_reply.SerializeToString(), media_type=PROTOBUF)
+
+
+def make_traces_endpoint(
+    pipeline: Pipeline, max_body_bytes: int, metrics: CollectorMetrics | None = None
+) -> Callable[[Request], Awaitable[Response]]:
+    m = metrics if metrics is not None else pipeline.metrics
+    refused = m.exports_refused
+    received = m.spans_received.labels("http")
+    accepted = m.spans_accepted.labels("http")
+
     async def traces(request: Request) -> Response:
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        ctype = _content_type(request)
         reply_type = JSON if ctype == JSON else PROTOBUF
         try:
-            body = await read_body(request, max_body_bytes)
-            if ctype == PROTOBUF:
-                spans = decode_protobuf(body)
-            elif ctype == JSON:
-                try:
-                    doc = json.loads(body)
-                except (UnicodeDecodeError, ValueError) as exc:
-                    raise OtlpDecodeError(f"invalid JSON: {exc}") from exc
-                spans = decode_json(doc)
-            else:
-                return _error(
-                    415, f"Content-Type must be {PROTOBUF} or {JSON}, not {ctype!r}", reply_type
-                )
+            spans, rejected = await _decode(
+                request, max_body_bytes, ctype, decode_protobuf_partial, decode_json_partial
+            )
         except BodyError as exc:
+            refused.labels("http", str(exc.status)).inc()
             return _error(exc.status, exc.message, reply_type)
         except OtlpDecodeError as exc:
+            refused.labels("http", "400").inc()
             return _error(400, str(exc), reply_type)
-        if spans and not pipeline.add(spans):
-            return _error(503, "tail buffer full; retry later", reply_type)
-        if reply_type == JSON:
-            return JSONResponse({})
-        return Response(ExportTraceServiceResponse().SerializeToString(), media_type=PROTOBUF)
+        received.inc(len(spans) + rejected.count)
+        if rejected:
+            m.spans_rejected.labels("http", "invalid").inc(rejected.count)
+            if not spans:  # nothing usable at all: a bad request, not a partial success
+                refused.labels("http", "400").inc()
+                return _error(400, rejected.message, reply_type)
+        if spans:
+            why = pipeline.offer(spans)
+            if why is not None:
+                m.spans_rejected.labels("http", why).inc(len(spans))
+                refused.labels("http", "503").inc()
+                return _error(503, f"{why.replace('_', ' ')}; retry later", reply_type)
+            accepted.inc(len(spans))
+        return _partial(reply_type, rejected.count, rejected.message, "traces")
 
     return traces
 
 
-def create_http_app(pipeline: Pipeline, max_body_bytes: int) -> Starlette:
-    """Gives the OTLP/HTTP ASGI app."""
+def make_metrics_endpoint(
+    pipeline: Pipeline, max_body_bytes: int, metrics: CollectorMetrics | None = None
+) -> Callable[[Request], Awaitable[Response]]:
+    m = metrics if metrics is not None else pipeline.metrics
+
+    async def otlp_metrics(request: Request) -> Response:
+        ctype = _content_type(request)
+        reply_type = JSON if ctype == JSON else PROTOBUF
+        try:
+            result = await _decode(
+                request, max_body_bytes, ctype, decode_metrics_protobuf, decode_metrics_json
+            )
+        except BodyError as exc:
+            m.exports_refused.labels("http", str(exc.status)).inc()
+            return _error(exc.status, exc.message, reply_type)
+        except OtlpDecodeError as exc:
+            m.exports_refused.labels("http", "400").inc()
+            return _error(400, str(exc), reply_type)
+        if result.rows and not pipeline.add_engine_data(WriteBatch(gpu_samples=result.rows)):
+            m.exports_refused.labels("http", "503").inc()
+            return _error(503, "writer behind; retry later", reply_type)
+        m.gpu_samples.inc(len(result.rows))
+        return _partial(reply_type, result.rejected_points, result.message, "metrics")
+
+    return otlp_metrics
+
+
+def make_prometheus_endpoint(metrics: CollectorMetrics) -> Callable[[Request], Awaitable[Response]]:
+    async def prometheus(request: Request) -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    return prometheus
+
+
+def create_http_app(
+    pipeline: Pipeline, max_body_bytes: int, metrics: CollectorMetrics | None = None
+) -> Starlette:
+    """Gives the OTLP/HTTP ASGI app: /v1/traces, /v1/metrics and Prometheus /metrics."""
+    m = metrics if metrics is not None else pipeline.metrics
     return Starlette(
         routes=[
-            Route("/v1/traces", make_traces_endpoint(pipeline, max_body_bytes), methods=["POST"]),
+            Route("/v1/traces", make_traces_endpoint(pipeline, max_body_bytes, m), methods=["POST"]),
+            Route("/v1/metrics", make_metrics_endpoint(pipeline, max_body_bytes, m), methods=["POST"]),
+            Route("/metrics", make_prometheus_endpoint(m), methods=["GET"]),
         ]
     )
-

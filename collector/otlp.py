@@ -5,12 +5,12 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from tokentrace.analyzer.spans import Span, SpanEvent, SpanLink
 
 
@@ -18,19 +18,38 @@ class OtlpDecodeError(ValueError):
     """The payload is not a valid OTLP trace export; the message says why."""
 
 
+_ZERO_TRACE = bytes(16)
+
+
+@dataclass(slots=True)
+class Rejected:
+    """Spans of an otherwise valid export that were refused (OTLP partial success)."""
+
+    count: int = 0
+    message: str = ""
+
+    def add(self, why: str) -> None:
+        self.count += 1
+        if not self.message:  # the first reason is the one worth reading
+            self.message = why
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+
 # ---- protobuf ---------------------------------------------------------------
+# Per-attribute work dominates decoding, so values are read through one dict
+# dispatch on the oneof name; arrays of one scalar type (token offsets: the
+# biggest attribute of a request span) take a list comprehension.
+_SCALARS = frozenset(("string_value", "int_value", "double_value", "bool_value"))
+
+
 def _any_value(v: AnyValue) -> Any:
     which = v.WhichOneof("value")
-    if which == "string_value":
-        return v.string_value
-    if which == "int_value":
-        return v.int_value
-    if which == "double_value":
-        return v.double_value
-    if which == "bool_value":
-        return v.bool_value
+    if which in _SCALARS:
+        return getattr(v, which)
     if which == "array_value":
-        return [_any_value(x) for x in v.array_value.values]
+        return _array(v.array_value.values)
     if which == "kvlist_value":
         return {kv.key: _any_value(kv.value) for kv in v.kvlist_value.values}
     if which == "bytes_value":
@@ -38,64 +57,100 @@ def _any_value(v: AnyValue) -> Any:
     return None
 
 
+def _array(values: Any) -> list[Any]:
+    if not values:
+        return []
+    first = values[0].WhichOneof("value")
+    if first in _SCALARS:
+        out = [getattr(x, first) for x in values]
+        # every element must hold the same type, else read each on its own
+        if all(x.WhichOneof("value") == first for x in values):
+            return out
+    return [_any_value(x) for x in values]
+
+
 def _attrs(kvs: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    kv: KeyValue
     for kv in kvs:
-        out[kv.key] = _any_value(kv.value)
+        v = kv.value
+        which = v.WhichOneof("value")
+        out[kv.key] = getattr(v, which) if which in _SCALARS else _any_value(v)
     return out
 
 
-def _span_id(raw: bytes, what: str, size: int) -> str:
-    if len(raw) != size:
-        raise OtlpDecodeError(f"{what} must be {size} bytes, got {len(raw)}")
-    return raw.hex()
-
-
 def decode_protobuf(body: bytes) -> list[Span]:
-    """Gives the spans of a protobuf `ExportTraceServiceRequest`."""
+    """Gives the spans of a protobuf `ExportTraceServiceRequest` (all must be valid)."""
+    spans, rejected = decode_protobuf_partial(body)
+    if rejected:
+        raise OtlpDecodeError(rejected.message)
+    return spans
+
+
+def parse_trace_request(body: bytes) -> ExportTraceServiceRequest:
+    """Gives the parsed request, or OtlpDecodeError for bytes that are not one."""
     request = ExportTraceServiceRequest()
     try:
         request.ParseFromString(body)
-    except (DecodeError, ValueError) as exc:
+    except (DecodeError, ValueError, RuntimeError) as exc:
         raise OtlpDecodeError(f"invalid OTLP protobuf: {exc}") from exc
-    return spans_from_request(request)
+    return request
 
 
-def spans_from_request(request: ExportTraceServiceRequest) -> list[Span]:
-    """Gives the spans of an already-parsed request (shared by HTTP and gRPC)."""
+def decode_protobuf_partial(body: bytes) -> tuple[list[Span], Rejected]:
+    """Gives the valid spans of a protobuf export and what was rejected."""
+    return spans_from_request(parse_trace_request(body))
+
+
+def spans_from_request(request: ExportTraceServiceRequest) -> tuple[list[Span], Rejected]:
+    """Gives the valid spans of an already-parsed request (shared by HTTP and gRPC)."""
     spans: list[Span] = []
+    rejected = Rejected()
+    append = spans.append
     for rs in request.resource_spans:
         resource = _attrs(rs.resource.attributes)
         for ss in rs.scope_spans:
             scope = ss.scope.name
             for ps in ss.spans:
+                trace_id = ps.trace_id
+                span_id = ps.span_id
                 parent = ps.parent_span_id
-                spans.append(
+                if len(trace_id) != 16 or len(span_id) != 8 or (parent and len(parent) != 8):
+                    rejected.add(
+                        f"span {ps.name!r}: traceId must be 16 bytes, spanId and "
+                        f"parentSpanId 8 (got {len(trace_id)}, {len(span_id)}, {len(parent)})"
+                    )
+                    continue
+                if trace_id == _ZERO_TRACE:
+                    rejected.add(f"span {ps.name!r}: traceId is all zeros")
+                    continue
+                events = ps.events
+                links = ps.links
+                append(
                     Span(
-                        trace_id=_span_id(ps.trace_id, "traceId", 16),
-                        span_id=_span_id(ps.span_id, "spanId", 8),
-                        parent_span_id=_span_id(parent, "parentSpanId", 8) if parent else "",
-                        name=ps.name,
-                        kind=int(ps.kind),
-                        start_ns=int(ps.start_time_unix_nano),
-                        end_ns=int(ps.end_time_unix_nano),
-                        attributes=_attrs(ps.attributes),
-                        resource=resource,
-                        status_code=int(ps.status.code),
-                        status_message=ps.status.message,
-                        events=[
-                            SpanEvent(e.name, int(e.time_unix_nano), _attrs(e.attributes))
-                            for e in ps.events
-                        ],
-                        links=[
+                        trace_id.hex(),
+                        span_id.hex(),
+                        parent.hex() if parent else "",
+                        ps.name,
+                        ps.kind,
+                        ps.start_time_unix_nano,
+                        ps.end_time_unix_nano,
+                        _attrs(ps.attributes),
+                        resource,
+                        ps.status.code,
+                        ps.status.message,
+                        [SpanEvent(e.name, e.time_unix_nano, _attrs(e.attributes)) for e in events]
+                        if events
+                        else [],
+                        [
                             SpanLink(lk.trace_id.hex(), lk.span_id.hex(), _attrs(lk.attributes))
-                            for lk in ps.links
-                        ],
-                        scope=scope,
+                            for lk in links
+                        ]
+                        if links
+                        else [],
+                        scope,
                     )
                 )
-    return spans
+    return spans, rejected
 
 
 # ---- JSON (OTLP/JSON: camelCase keys, hex ids, int64 as strings) -------------
@@ -163,14 +218,22 @@ def _j_id(v: Any, what: str, size: int, required: bool = True) -> str:
 
 
 def decode_json(doc: Any) -> list[Span]:
-    """Gives the spans of an OTLP/JSON export document (already parsed)."""
+    """Gives the spans of an OTLP/JSON export document (already parsed; all must be valid)."""
+    spans, rejected = decode_json_partial(doc)
+    if rejected:
+        raise OtlpDecodeError(rejected.message)
+    return spans
+
+
+def decode_json_partial(doc: Any) -> tuple[list[Span], Rejected]:
+    """Gives the valid spans of an OTLP/JSON export document and what was rejected."""
     try:
         return _decode_json(doc)
-    except (AttributeError, TypeError) as exc:  # a wrong type somewhere deep in the body
+    except (AttributeError, TypeError, RecursionError) as exc:  # a wrong type deep in the body
         raise OtlpDecodeError(f"invalid OTLP JSON structure: {exc}") from exc
 
 
-def _decode_json(doc: Any) -> list[Span]:
+def _decode_json(doc: Any) -> tuple[list[Span], Rejected]:
     if not isinstance(doc, Mapping):
         raise OtlpDecodeError("OTLP JSON body must be an object with resourceSpans")
     resource_spans = doc.get("resourceSpans", doc.get("resource_spans"))
@@ -179,6 +242,7 @@ def _decode_json(doc: Any) -> list[Span]:
     if not isinstance(resource_spans, list):
         raise OtlpDecodeError("resourceSpans must be a list")
     spans: list[Span] = []
+    rejected = Rejected()
     for rs in resource_spans:
         if not isinstance(rs, Mapping):
             raise OtlpDecodeError("each resourceSpans entry must be an object")
@@ -188,37 +252,46 @@ def _decode_json(doc: Any) -> list[Span]:
             for ps in ss.get("spans") or []:
                 if not isinstance(ps, Mapping):
                     raise OtlpDecodeError("each span must be an object")
-                status = ps.get("status") or {}
-                spans.append(
-                    Span(
-                        trace_id=_j_id(ps.get("traceId"), "traceId", 16),
-                        span_id=_j_id(ps.get("spanId"), "spanId", 8),
-                        parent_span_id=_j_id(ps.get("parentSpanId"), "parentSpanId", 8, False),
-                        name=str(ps.get("name", "")),
-                        kind=_j_int(ps.get("kind", 0), "kind"),
-                        start_ns=_j_int(ps.get("startTimeUnixNano", 0), "startTimeUnixNano"),
-                        end_ns=_j_int(ps.get("endTimeUnixNano", 0), "endTimeUnixNano"),
-                        attributes=_j_attrs(ps.get("attributes")),
-                        resource=resource,
-                        status_code=_j_int(status.get("code", 0), "status.code"),
-                        status_message=str(status.get("message", "")),
-                        events=[
-                            SpanEvent(
-                                str(e.get("name", "")),
-                                _j_int(e.get("timeUnixNano", 0), "timeUnixNano"),
-                                _j_attrs(e.get("attributes")),
-                            )
-                            for e in ps.get("events") or []
-                        ],
-                        links=[
-                            SpanLink(
-                                _j_id(lk.get("traceId"), "link traceId", 16),
-                                _j_id(lk.get("spanId"), "link spanId", 8),
-                                _j_attrs(lk.get("attributes")),
-                            )
-                            for lk in ps.get("links") or []
-                        ],
-                        scope=scope,
-                    )
+                try:
+                    spans.append(_j_span(ps, resource, scope))
+                except (OtlpDecodeError, AttributeError, TypeError) as exc:
+                    rejected.add(f"span {str(ps.get('name', ''))[:100]!r}: {exc}")
+    return spans, rejected
+
+
+def _j_span(ps: Mapping[str, Any], resource: dict[str, Any], scope: str) -> Span:
+    status = ps.get("status") or {}
+    if not isinstance(status, Mapping):
+        raise OtlpDecodeError("status must be an object")
+    return (
+        Span(
+            trace_id=_j_id(ps.get("traceId"), "traceId", 16),
+            span_id=_j_id(ps.get("spanId"), "spanId", 8),
+            parent_span_id=_j_id(ps.get("parentSpanId"), "parentSpanId", 8, False),
+            name=str(ps.get("name", "")),
+            kind=_j_int(ps.get("kind", 0), "kind"),
+            start_ns=_j_int(ps.get("startTimeUnixNano", 0), "startTimeUnixNano"),
+            end_ns=_j_int(ps.get("endTimeUnixNano", 0), "endTimeUnixNano"),
+            attributes=_j_attrs(ps.get("attributes")),
+            resource=resource,
+            status_code=_j_int(status.get("code", 0), "status.code"),
+            status_message=str(status.get("message", "")),
+            events=[
+                SpanEvent(
+                    str(e.get("name", "")),
+                    _j_int(e.get("timeUnixNano", 0), "timeUnixNano"),
+                    _j_attrs(e.get("attributes")),
                 )
-    return spans
+                for e in ps.get("events") or []
+            ],
+            links=[
+                SpanLink(
+                    _j_id(lk.get("traceId"), "link traceId", 16),
+                    _j_id(lk.get("spanId"), "link spanId", 8),
+                    _j_attrs(lk.get("attributes")),
+                )
+                for lk in ps.get("links") or []
+            ],
+            scope=scope,
+        )
+    )

@@ -1,11 +1,18 @@
 """Receive → trace buffer → decide → summarize → write (DESIGN.md §4).
 
-`Pipeline.add()` is what receivers call: it never blocks and answers False
-when the buffer is full, so the receiver can answer 503 with Retry-After.
-A decision thread ticks, finds traces whose root ended more than `grace` ago
-(or that have waited `decision_wait`), summarizes every request in them (kept
-or not), asks the sampler whether to keep the span tree, and hands the result
-to the single writer.  Decisions are cached so late spans follow them.
+`Pipeline.offer()` is what receivers call: it never blocks and gives a refusal
+reason when the buffer or the writer is full, so the receiver can answer 503
+(gRPC UNAVAILABLE) with Retry-After *before* accepting what cannot be kept.
+
+A decision thread ticks and decides, oldest first:
+- traces whose root ended `grace` ago.  The root is the span without a parent,
+  or a SERVER span whose parent is not in the trace (a `traceparent` from an
+  uninstrumented client, or vLLM's `llm_request` under a gateway);
+- traces that waited `decision_wait` (their root never came);
+- when the buffer passes its high-water mark, the oldest traces, early (counted).
+It summarizes every request in them (kept or not), asks the sampler whether to
+keep the span tree, and hands the result to the single writer.  Decisions are
+cached so late spans follow them.
 """
 
 from __future__ import annotations
@@ -13,23 +20,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tokentrace.analyzer.attribution import summarize_trace
-from tokentrace.analyzer.spans import Span
+from tokentrace.analyzer.spans import KIND_SERVER, Span
 from tokentrace.collector.sampling import Decision, Sampler
+from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.writer import KeptTrace, WriteBatch, Writer
 
 logger = logging.getLogger("tokentrace.collector")
+
+#: Refusal reasons of `offer()` (also the `reason` label of rejected spans).
+REFUSED_BUFFER_FULL = "buffer_full"
+REFUSED_WRITER_BEHIND = "writer_behind"
+#: Above this share of the bound the decider evicts the oldest traces early ...
+HIGH_WATER = 0.9
+#: ... until the buffer is back under this share.
+LOW_WATER = 0.75
 
 
 @dataclass(slots=True)
 class _Pending:
     spans: list[Span] = field(default_factory=list)
     first_seen_ns: int = 0
-    root_end_ns: int | None = None  # receive time at which a root span arrived
 
 
 @dataclass(slots=True)
@@ -60,6 +75,7 @@ class Pipeline:
         decision_cache_size: int = 100_000,
         tick_s: float = 0.1,
         clock: Callable[[], int] = time.monotonic_ns,
+        metrics: CollectorMetrics | None = None,
     ) -> None:
         if max_buffered_spans <= 0:
             raise ValueError("max_buffered_spans must be positive")
@@ -71,12 +87,19 @@ class Pipeline:
         self._cache_size = decision_cache_size
         self._tick_s = tick_s
         self._clock = clock
+        self.metrics = metrics if metrics is not None else CollectorMetrics()
+        self.metrics.buffer_capacity.set(max_buffered_spans)
         self._lock = threading.Lock()
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
+        # (receive time, trace id, parent span id or "" for a parentless root),
+        # in receive order, so the ready ones are always at the front
+        self._roots: deque[tuple[int, str, str]] = deque()
+        self._late: list[Span] = []
         self._buffered = 0
         self._decided: OrderedDict[str, bool] = OrderedDict()
         self.stats = PipelineStats()
         self._stop = threading.Event()
+        self._decide_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     # ---- receive side ---------------------------------------------------------
@@ -84,96 +107,173 @@ class Pipeline:
     def buffered_spans(self) -> int:
         return self._buffered
 
+    @property
+    def buffered_traces(self) -> int:
+        return len(self._pending)
+
     def add(self, spans: Sequence[Span]) -> bool:
         """Accepts spans into the buffer; gives False (nothing taken) when full."""
+        return self.offer(spans) is None
+
+    def offer(self, spans: Sequence[Span]) -> str | None:
+        """Accepts all the spans, or none and gives why (`REFUSED_*`)."""
         now = self._clock()
+        stats = self.stats
         with self._lock:
-            self.stats.spans_received += len(spans)
-            fresh = sum(1 for s in spans if s.trace_id not in self._decided)
-            if self._buffered + fresh > self._max_spans:
-                self.stats.spans_rejected += len(spans)
-                return False
-            late: list[Span] = []
+            stats.spans_received += len(spans)
+            if self._writer.pending >= self._writer.capacity:
+                stats.spans_rejected += len(spans)
+                return REFUSED_WRITER_BEHIND
+            decided = self._decided
+            fresh = len(spans)
+            if decided:
+                fresh = sum(1 for s in spans if s.trace_id not in decided)
+            # an empty buffer takes any batch, so one big export always makes progress
+            if self._buffered and self._buffered + fresh > self._max_spans:
+                stats.spans_rejected += len(spans)
+                return REFUSED_BUFFER_FULL
+            pending = self._pending
+            roots = self._roots
             for s in spans:
-                decision = self._decided.get(s.trace_id)
-                if decision is not None:
-                    if decision:
-                        late.append(s)
-                        self.stats.late_spans_kept += 1
-                    else:
-                        self.stats.late_spans_dropped += 1
-                    continue
-                p = self._pending.get(s.trace_id)
+                trace_id = s.trace_id
+                p = pending.get(trace_id)
                 if p is None:
-                    p = self._pending[s.trace_id] = _Pending(first_seen_ns=now)
+                    decision = decided.get(trace_id) if decided else None
+                    if decision is not None:
+                        if decision:
+                            self._late.append(s)
+                            stats.late_spans_kept += 1
+                        else:
+                            stats.late_spans_dropped += 1
+                        continue
+                    p = pending[trace_id] = _Pending([], now)
                 p.spans.append(s)
-                if not s.parent_span_id:
-                    p.root_end_ns = now
+                parent = s.parent_span_id
+                if not parent:
+                    roots.append((now, trace_id, ""))
+                elif s.kind == KIND_SERVER:
+                    roots.append((now, trace_id, parent))
             self._buffered += fresh
-            self.stats.spans_accepted += len(spans)
-        if late:
-            self._writer.submit_wait(WriteBatch(late_spans=late), timeout=5)
-        return True
+            stats.spans_accepted += len(spans)
+        return None
 
     def add_engine_data(self, batch: WriteBatch) -> bool:
         """Engine steps and GPU samples bypass sampling: they are kept whole."""
         return self._writer.submit(batch)
 
     # ---- decision side --------------------------------------------------------
-    def _ready(self, now: int, force: bool) -> list[tuple[str, _Pending]]:
+    def _take(self, trace_id: str, out: list[tuple[str, _Pending]]) -> None:
+        p = self._pending.pop(trace_id)
+        self._buffered -= len(p.spans)
+        out.append((trace_id, p))
+
+    def _ready(self, now: int, force: bool) -> tuple[list[tuple[str, _Pending]], int]:
         ready: list[tuple[str, _Pending]] = []
+        evicted = 0
         with self._lock:
-            for trace_id, p in list(self._pending.items()):
-                root_done = p.root_end_ns is not None and now - p.root_end_ns >= self._grace_ns
-                if force or root_done or now - p.first_seen_ns >= self._wait_ns:
-                    ready.append((trace_id, p))
-                    del self._pending[trace_id]
-                    self._buffered -= len(p.spans)
-        return ready
+            pending = self._pending
+            if force:
+                for trace_id in list(pending):
+                    self._take(trace_id, ready)
+                self._roots.clear()
+                return ready, 0
+            roots = self._roots
+            grace = self._grace_ns
+            while roots and now - roots[0][0] >= grace:
+                _, trace_id, parent = roots.popleft()
+                p = pending.get(trace_id)
+                if p is None:
+                    continue  # decided already
+                if parent and any(s.span_id == parent for s in p.spans):
+                    continue  # a SERVER span under a span we have: not the root
+                self._take(trace_id, ready)
+            wait = self._wait_ns
+            while pending:
+                trace_id, p = next(iter(pending.items()))
+                if now - p.first_seen_ns < wait:
+                    break
+                self._take(trace_id, ready)
+            if self._buffered > self._max_spans * HIGH_WATER:
+                low = self._max_spans * LOW_WATER
+                while pending and self._buffered > low:
+                    self._take(next(iter(pending)), ready)
+                    evicted += 1
+                self.stats.traces_evicted_early += evicted
+        return ready, evicted
 
     def decide_ready(self, force: bool = False) -> int:
         """Decides every trace that is ready (all of them when `force`); gives the count."""
+        with self._decide_lock:  # the ticker and a SIGTERM flush must not interleave
+            return self._decide_ready(force)
+
+    def _decide_ready(self, force: bool) -> int:
         now = self._clock()
-        ready = self._ready(now, force)
+        ready, evicted = self._ready(now, force)
+        with self._lock:
+            late, self._late = self._late, []
+        m = self.metrics
+        if evicted:
+            m.traces_evicted.inc(evicted)
         if not ready:
+            if late:
+                self._writer.submit_wait(WriteBatch(late_spans=late))
             return 0
-        batch = WriteBatch()
+        batch = WriteBatch(late_spans=late)
         wall = time.time_ns()
+        outcomes: dict[tuple[bool, str], int] = {}
+        decide = self._sampler.decide
+        waits = m.decision_latency
+        decisions: list[tuple[str, bool]] = []
         for trace_id, p in ready:
-            result = summarize_trace(p.spans)
-            batch.engine_steps.extend(result.engine_steps)
-            if not result.requests and result.engine_steps and all(
-                s.name == p.spans[0].name for s in p.spans
-            ):
-                # a pure engine-step carrier trace: its data is stored, not its spans
-                self._remember(trace_id, False)
-                continue
-            decision: Decision = self._sampler.decide(trace_id, p.spans, result.requests)
+            spans = p.spans
+            waits.observe((now - p.first_seen_ns) / 1e9)
+            result = summarize_trace(spans)
+            if result.engine_steps:
+                batch.engine_steps.extend(result.engine_steps)
+                if not result.requests and all(s.name == spans[0].name for s in spans):
+                    # a pure engine-step carrier trace: its data is stored, not its spans
+                    decisions.append((trace_id, False))
+                    continue
+            decision: Decision = decide(trace_id, spans, result.requests)
+            keep, reason, weight = decision.keep, decision.reason, decision.weight
             for r in result.requests:
-                r.kept = decision.keep
-                r.sample_reason = decision.reason
-                r.sample_weight = decision.weight
+                r.kept = keep
+                r.sample_reason = reason
+                r.sample_weight = weight
             batch.requests.extend(result.requests)
-            self.stats.requests_summarized += len(result.requests)
-            if decision.keep:
-                batch.kept.append(
-                    KeptTrace(trace_id, decision.reason, decision.weight, wall, p.spans)
-                )
-                self.stats.traces_kept += 1
-                self.stats.kept_by_reason[decision.reason] = (
-                    self.stats.kept_by_reason.get(decision.reason, 0) + 1
-                )
-            self._remember(trace_id, decision.keep)
-            self.stats.traces_decided += 1
-        # Decisions must not be lost: wait for room in the writer queue.
+            if keep:
+                batch.kept.append(KeptTrace(trace_id, reason, weight, wall, spans))
+            outcomes[(keep, reason)] = outcomes.get((keep, reason), 0) + 1
+            decisions.append((trace_id, keep))
+        stats = self.stats
+        with self._lock:
+            cache = self._decided
+            for trace_id, keep in decisions:
+                cache[trace_id] = keep
+            while len(cache) > self._cache_size:
+                cache.popitem(last=False)
+            stats.requests_summarized += len(batch.requests)
+            for (keep, reason), n in outcomes.items():
+                stats.traces_decided += n
+                if keep:
+                    stats.traces_kept += n
+                    stats.kept_by_reason[reason] = stats.kept_by_reason.get(reason, 0) + n
+        for (keep, reason), n in outcomes.items():
+            m.traces_decided.labels(str(keep).lower(), reason).inc(n)
+        if batch.requests:
+            m.requests_summarized.inc(len(batch.requests))
+            m.observe_requests(batch.requests)
+        if late:
+            m.late_spans.labels("true").inc(len(late))
+        # Decisions must not be lost: wait for room in the writer queue (the
+        # buffer then fills and receivers answer 503: backpressure, not loss).
         self._writer.submit_wait(batch)
         return len(ready)
 
-    def _remember(self, trace_id: str, keep: bool) -> None:
+    def is_decided(self, trace_id: str) -> bool | None:
+        """Gives the cached decision of a trace (True kept), None when not decided."""
         with self._lock:
-            self._decided[trace_id] = keep
-            while len(self._decided) > self._cache_size:
-                self._decided.popitem(last=False)
+            return self._decided.get(trace_id)
 
     def _loop(self) -> None:
         while not self._stop.wait(self._tick_s):

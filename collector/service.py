@@ -10,12 +10,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tokentrace.collector.grpc_receiver import start_grpc_server
 from tokentrace.collector.http_receiver import create_http_app
 from tokentrace.collector.otlp import OtlpDecodeError, decode_json, decode_protobuf
 from tokentrace.collector.pipeline import Pipeline
-from tokentrace.collector.sampling import Sampler, SloLimits
+from tokentrace.collector.sampling import P99Tracker, Sampler, SloLimits, parse_rules
+from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.settings import CollectorSettings
 from tokentrace.collector.writer import Writer
+
 from tokentrace.store.connection import open_db
 
 logger = logging.getLogger("tokentrace.collector")
@@ -26,11 +29,18 @@ class Collector:
 
     def __init__(self, settings: CollectorSettings) -> None:
         self.settings = settings
+        self.metrics = CollectorMetrics()
         self.conn = open_db(settings.db)
-        self.writer = Writer(self.conn)
+        self.writer = Writer(
+            self.conn,
+            max_pending=settings.max_pending_writes,
+            on_write=self.metrics.write_latency.observe,
+        )
         self.sampler = Sampler(
             baseline=settings.baseline,
             slo=SloLimits(settings.slo_ttft_ms, settings.slo_e2e_ms, settings.slo_itl_ms),
+            rules=parse_rules(settings.keep_rules),
+            p99=P99Tracker(min_samples=settings.p99_min_samples),
         )
         self.pipeline = Pipeline(
             self.writer,
@@ -38,8 +48,17 @@ class Collector:
             max_buffered_spans=settings.max_buffered_spans,
             grace_s=settings.grace_s,
             decision_wait_s=settings.decision_wait_s,
+            metrics=self.metrics,
         )
+        self.metrics.on_scrape(self._refresh_gauges)
         self._closed = False
+
+    def _refresh_gauges(self) -> None:
+        m = self.metrics
+        m.buffered_spans.set(self.pipeline.buffered_spans)
+        m.buffered_traces.set(self.pipeline.buffered_traces)
+        m.writer_queue.set(self.writer.pending)
+        m.write_errors.set(self.writer.write_errors)
 
     def start(self) -> None:
         self.pipeline.start()
@@ -106,8 +125,15 @@ async def _serve(settings: CollectorSettings, ready: Any = None) -> None:
 
     collector = Collector(settings)
     collector.start()
+    grpc_server, grpc_port = start_grpc_server(
+        collector.pipeline, settings.host, settings.grpc_port, settings.max_body_bytes,
+        collector.metrics,
+    )  # fmt: skip
     apps: list[tuple[Any, int]] = [
-        (create_http_app(collector.pipeline, settings.max_body_bytes), settings.http_port)
+        (
+            create_http_app(collector.pipeline, settings.max_body_bytes, collector.metrics),
+            settings.http_port,
+        )
     ]
     try:
         from tokentrace.web.app import create_web_app
@@ -140,9 +166,11 @@ async def _serve(settings: CollectorSettings, ready: Any = None) -> None:
                 raise RuntimeError("a server stopped during start-up")
             await asyncio.sleep(0.02)
         logger.info(
-            "tokentrace serving: OTLP/HTTP %s:%d, web %s:%d, db %s",
+            "tokentrace serving: OTLP/HTTP %s:%d, OTLP/gRPC %s:%d, web %s:%d, db %s",
             settings.host,
             settings.http_port,
+            settings.host,
+            grpc_port,
             settings.host,
             settings.web_port,
             settings.db,
@@ -151,6 +179,9 @@ async def _serve(settings: CollectorSettings, ready: Any = None) -> None:
             ready()
         await stop.wait()
     finally:
+        # stop taking data first (gRPC lets in-flight exports finish), then
+        # decide and flush everything buffered
+        grpc_server.stop(grace=5).wait(10)
         for s in servers:
             s.should_exit = True
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -28,6 +28,9 @@ class CollectorSettings:
     slo_e2e_ms: float | None = None
     slo_itl_ms: float | None = None
     api_token: str | None = None
+    keep_rules: str = ""
+    p99_min_samples: int = 100
+    max_pending_writes: int = 256
 
     def __post_init__(self) -> None:
         for port_name in ("http_port", "grpc_port", "web_port"):
@@ -40,6 +43,11 @@ class CollectorSettings:
             raise ValueError("grace_s must be >= 0 and decision_wait_s > 0")
         if self.max_buffered_spans <= 0 or self.max_body_bytes <= 0:
             raise ValueError("max_buffered_spans and max_body_bytes must be positive")
+        if self.p99_min_samples < 1 or self.max_pending_writes < 1:
+            raise ValueError("p99_min_samples and max_pending_writes must be positive")
+        from tokentrace.collector.sampling import parse_rules
+
+        parse_rules(self.keep_rules)  # a malformed rule fails here, at start-up
 
 
 #: Environment variable of each setting.
@@ -61,6 +69,10 @@ HELP: dict[str, str] = {
     "slo_e2e_ms": "keep every trace whose end-to-end time exceeds this",
     "slo_itl_ms": "keep every trace whose largest inter-token gap exceeds this",
     "api_token": "bearer token required by the web UI and API (none by default)",
+    "keep_rules": "keep every trace with one of these attributes: key=value[,key=value...]"
+    " (span or resource attribute, e.g. tenant.id=acme,gen_ai.request.model=big)",
+    "p99_min_samples": "requests a model/route needs before its running p99 keeps slow traces",
+    "max_pending_writes": "batches the DuckDB writer may queue; beyond it receivers answer 503",
 }
 
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-
 from tokentrace.analyzer.engine_steps import EngineStep
 from tokentrace.analyzer.spans import Span
 from tokentrace.analyzer.summary import COLUMNS, RequestSummary
+
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 
 logger = logging.getLogger("tokentrace.collector")
@@ -61,31 +61,42 @@ def itl_histogram(gaps_ms: Sequence[float]) -> list[int]:
     return counts
 
 
+_dumps = json.JSONEncoder(default=str, ensure_ascii=False).encode
+
+
 def _span_rows(spans: Sequence[Span]) -> dict[str, list[Any]]:
-    cols: dict[str, list[Any]] = {
-        k: []
-        for k in (
-            "trace_id span_id parent_span_id name kind start_ns end_ns status_code "
-            "status_message service_name scope attributes events links resource"
-        ).split()
+    # The spans of one trace share one resource dict: encode it once.
+    resources: dict[int, str] = {}
+
+    def resource(s: Span) -> str:
+        key = id(s.resource)
+        text = resources.get(key)
+        if text is None:
+            text = resources[key] = _dumps(s.resource)
+        return text
+
+    return {
+        "trace_id": [s.trace_id for s in spans],
+        "span_id": [s.span_id for s in spans],
+        "parent_span_id": [s.parent_span_id for s in spans],
+        "name": [s.name for s in spans],
+        "kind": [s.kind for s in spans],
+        "start_ns": [s.start_ns for s in spans],
+        "end_ns": [s.end_ns for s in spans],
+        "status_code": [s.status_code for s in spans],
+        "status_message": [s.status_message for s in spans],
+        "service_name": [s.service_name for s in spans],
+        "scope": [s.scope for s in spans],
+        "attributes": [_dumps(s.attributes) for s in spans],
+        "events": [
+            _dumps([{"name": e.name, "time_ns": e.time_ns, "attributes": e.attributes} for e in s.events])
+            if s.events
+            else "[]"
+            for s in spans
+        ],
+        "links": [_dumps([asdict(lk) for lk in s.links]) if s.links else "[]" for s in spans],
+        "resource": [resource(s) for s in spans],
     }
-    for s in spans:
-        cols["trace_id"].append(s.trace_id)
-        cols["span_id"].append(s.span_id)
-        cols["parent_span_id"].append(s.parent_span_id)
-        cols["name"].append(s.name)
-        cols["kind"].append(s.kind)
-        cols["start_ns"].append(s.start_ns)
-        cols["end_ns"].append(s.end_ns)
-        cols["status_code"].append(s.status_code)
-        cols["status_message"].append(s.status_message)
-        cols["service_name"].append(s.service_name)
-        cols["scope"].append(s.scope)
-        cols["attributes"].append(json.dumps(s.attributes, default=str))
-        cols["events"].append(json.dumps([asdict(e) for e in s.events], default=str))
-        cols["links"].append(json.dumps([asdict(lk) for lk in s.links], default=str))
-        cols["resource"].append(json.dumps(s.resource, default=str))
-    return cols
 
 
 class Writer:
@@ -96,13 +107,18 @@ class Writer:
         conn: duckdb.DuckDBPyConnection,
         max_pending: int = 256,
         clock: Callable[[], int] = time.time_ns,
+        on_write: Callable[[float], None] | None = None,
     ) -> None:
         self._conn = conn
         self._queue: queue.Queue[WriteBatch | None] = queue.Queue(maxsize=max_pending)
         self._clock = clock
         self._thread = threading.Thread(target=self._run, name="tokentrace-writer", daemon=True)
         self._stopped = False
+        self._on_write = on_write
         self.rows_written = 0
+        self.requests_written = 0
+        self.spans_written = 0
+        self.gpu_samples_written = 0
         self.write_errors = 0
         self.last_write_seconds = 0.0
         self._thread.start()
@@ -197,8 +213,8 @@ class Writer:
         conn.execute("BEGIN TRANSACTION")
         try:
             if requests:
-                rows = [r.as_row() for r in requests]
-                table = pa.table({c: [row[c] for row in rows] for c in COLUMNS})
+                # column-wise getattr: asdict() deep-copies every row and is the slow part
+                table = pa.table({c: [getattr(r, c) for r in requests] for c in COLUMNS})
                 conn.register("_new_requests", table)
                 conn.execute(f"INSERT INTO requests ({', '.join(COLUMNS)}) SELECT * FROM _new_requests")  # noqa: S608 - fixed column names
                 conn.unregister("_new_requests")
@@ -218,10 +234,20 @@ class Writer:
                 conn.execute("INSERT INTO spans SELECT * FROM _new_spans")
                 conn.unregister("_new_spans")
             if kept:
-                conn.executemany(
-                    "INSERT INTO kept_traces VALUES (?, ?, ?, ?, ?)",
-                    [[k.trace_id, k.reason, k.weight, k.decided_ns, len(k.spans)] for k in kept],
+                conn.register(
+                    "_new_kept",
+                    pa.table(
+                        {
+                            "trace_id": [k.trace_id for k in kept],
+                            "reason": [k.reason for k in kept],
+                            "weight": pa.array([k.weight for k in kept], pa.float64()),
+                            "decided_ns": pa.array([k.decided_ns for k in kept], pa.int64()),
+                            "span_count": pa.array([len(k.spans) for k in kept], pa.int32()),
+                        }
+                    ),
                 )
+                conn.execute("INSERT INTO kept_traces SELECT * FROM _new_kept")
+                conn.unregister("_new_kept")
             if steps:
                 conn.register(
                     "_new_steps",
@@ -240,4 +266,9 @@ class Writer:
             conn.execute("ROLLBACK")
             raise
         self.rows_written += len(requests) + len(spans) + len(steps) + len(samples)
+        self.requests_written += len(requests)
+        self.spans_written += len(spans)
+        self.gpu_samples_written += len(samples)
         self.last_write_seconds = time.perf_counter() - t0
+        if self._on_write is not None:
+            self._on_write(self.last_write_seconds)

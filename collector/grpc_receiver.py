@@ -1,0 +1,118 @@
+"""OTLP/gRPC receiver: `TraceService/Export` and `MetricsService/Export`.
+
+Status codes follow the OTLP spec so exporters retry what is retryable:
+UNAVAILABLE under backpressure (the OTel exporters back off and retry),
+INVALID_ARGUMENT for bad data (not retried), RESOURCE_EXHAUSTED for messages
+over `max_body_bytes` (grpc enforces the receive limit itself), and a partial
+success when only some spans were rejected.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+from typing import Any
+
+import grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from tokentrace.collector.otlp import OtlpDecodeError, spans_from_request
+from tokentrace.collector.otlp_metrics import gpu_rows_from_request
+from tokentrace.collector.pipeline import Pipeline
+from tokentrace.collector.self_metrics import CollectorMetrics
+from tokentrace.collector.writer import WriteBatch
+
+#: Exporters read this trailer as the server's retry hint (OTLP spec: RetryInfo);
+#: the plain seconds value is for humans and simple clients.
+RETRY_AFTER_S = 1
+
+
+class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self, pipeline: Pipeline, metrics: CollectorMetrics) -> None:
+        self._pipeline = pipeline
+        self._m = metrics
+
+    def Export(  # noqa: N802 - the generated servicer's name
+        self, request: ExportTraceServiceRequest, context: grpc.ServicerContext
+    ) -> ExportTraceServiceResponse:
+        m = self._m
+        try:
+            spans, rejected = spans_from_request(request)
+        except (OtlpDecodeError, ValueError) as exc:
+            m.exports_refused.labels("grpc", "INVALID_ARGUMENT").inc()
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        m.spans_received.labels("grpc").inc(len(spans) + rejected.count)
+        if rejected:
+            m.spans_rejected.labels("grpc", "invalid").inc(rejected.count)
+            if not spans:
+                m.exports_refused.labels("grpc", "INVALID_ARGUMENT").inc()
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, rejected.message)
+        if spans:
+            why = self._pipeline.offer(spans)
+            if why is not None:
+                m.spans_rejected.labels("grpc", why).inc(len(spans))
+                m.exports_refused.labels("grpc", "UNAVAILABLE").inc()
+                context.set_trailing_metadata((("retry-after", str(RETRY_AFTER_S)),))
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"{why.replace('_', ' ')}; retry later")
+            m.spans_accepted.labels("grpc").inc(len(spans))
+        reply = ExportTraceServiceResponse()
+        if rejected:
+            reply.partial_success.rejected_spans = rejected.count
+            reply.partial_success.error_message = rejected.message
+        return reply
+
+
+class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
+    def __init__(self, pipeline: Pipeline, metrics: CollectorMetrics) -> None:
+        self._pipeline = pipeline
+        self._m = metrics
+
+    def Export(  # noqa: N802 - the generated servicer's name
+        self, request: ExportMetricsServiceRequest, context: grpc.ServicerContext
+    ) -> ExportMetricsServiceResponse:
+        result = gpu_rows_from_request(request)
+        if result.rows and not self._pipeline.add_engine_data(WriteBatch(gpu_samples=result.rows)):
+            self._m.exports_refused.labels("grpc", "UNAVAILABLE").inc()
+            context.abort(grpc.StatusCode.UNAVAILABLE, "writer behind; retry later")
+        self._m.gpu_samples.inc(len(result.rows))
+        reply = ExportMetricsServiceResponse()
+        if result.rejected_points:
+            reply.partial_success.rejected_data_points = result.rejected_points
+            reply.partial_success.error_message = result.message
+        return reply
+
+
+def start_grpc_server(
+    pipeline: Pipeline,
+    host: str,
+    port: int,
+    max_body_bytes: int,
+    metrics: CollectorMetrics | None = None,
+    workers: int = 4,
+) -> tuple[Any, int]:
+    """Starts the OTLP/gRPC server; gives it and the bound port (`port` 0 picks one)."""
+    m = metrics if metrics is not None else pipeline.metrics
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokentrace-grpc"),
+        options=[
+            ("grpc.max_receive_message_length", max_body_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+        maximum_concurrent_rpcs=workers * 8,
+    )
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(pipeline, m), server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
+        _MetricsService(pipeline, m), server
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind OTLP/gRPC on {host}:{port}")
+    server.start()
+    return server, bound

@@ -1,0 +1,174 @@
+"""OTLP metric exports (protobuf or JSON) decoded into `gpu_samples` rows.
+
+The SDK's NVML sampler exports one gauge per quantity (`METRIC_GPU_*`), each
+data point carrying `gpu.index` and its own timestamp.  The data points of one
+(resource, GPU, timestamp) become one row.  Metrics that are not GPU samples
+are counted and ignored: the collector is not a general metrics store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from tokentrace.collector.otlp import OtlpDecodeError, _attrs, _j_attrs, _j_int
+from tokentrace.instrumentation import semconv as sc
+
+#: gpu_samples column of each GPU gauge, and whether it holds an integer.
+GPU_COLUMNS: dict[str, tuple[str, bool]] = {
+    sc.METRIC_GPU_UTIL: ("utilization_pct", False),
+    sc.METRIC_GPU_MEM_USED: ("memory_used_bytes", True),
+    sc.METRIC_GPU_MEM_TOTAL: ("memory_total_bytes", True),
+    sc.METRIC_GPU_SM_CLOCK: ("sm_clock_mhz", False),
+    sc.METRIC_GPU_POWER: ("power_w", False),
+}
+#: Every column of a gpu_samples row, in table order.
+ROW_KEYS: tuple[str, ...] = (
+    "service",
+    "instance",
+    "gpu_index",
+    "ts_ns",
+    *(col for col, _ in GPU_COLUMNS.values()),
+)
+
+
+@dataclass(slots=True)
+class MetricsResult:
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    rejected_points: int = 0
+    ignored_metrics: int = 0
+    message: str = ""
+
+
+class _Rows:
+    """Groups data points into one row per (service, instance, gpu index, timestamp)."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[tuple[str, str, int, int], dict[str, Any]] = {}
+        self.result = MetricsResult()
+
+    def point(
+        self, service: str, instance: str, column: str, is_int: bool, attrs: Mapping[str, Any],
+        ts_ns: int, value: float | int | None,
+    ) -> None:  # fmt: skip
+        gpu = attrs.get(sc.GPU_INDEX, 0)
+        if value is None or isinstance(gpu, bool) or not isinstance(gpu, (int, str)):
+            self._reject(f"{column}: data point needs a value and an integer {sc.GPU_INDEX}")
+            return
+        try:
+            gpu_index = int(gpu)
+        except ValueError:
+            self._reject(f"{column}: {sc.GPU_INDEX} {gpu!r} is not an integer")
+            return
+        key = (service, instance, gpu_index, ts_ns)
+        row = self.by_key.get(key)
+        if row is None:
+            row = self.by_key[key] = dict.fromkeys(ROW_KEYS)
+            row.update(service=service, instance=instance, gpu_index=gpu_index, ts_ns=ts_ns)
+        row[column] = int(value) if is_int else float(value)
+
+    def _reject(self, why: str) -> None:
+        self.result.rejected_points += 1
+        if not self.result.message:
+            self.result.message = why
+
+    def done(self) -> MetricsResult:
+        self.result.rows = list(self.by_key.values())
+        return self.result
+
+
+def _who(resource: Mapping[str, Any]) -> tuple[str, str]:
+    return (
+        str(resource.get(sc.SERVICE_NAME, "")),
+        str(resource.get(sc.SERVICE_INSTANCE, resource.get(sc.PROCESS_PID, ""))),
+    )
+
+
+def parse_metrics_request(body: bytes) -> ExportMetricsServiceRequest:
+    """Gives the parsed request, or OtlpDecodeError for bytes that are not one."""
+    request = ExportMetricsServiceRequest()
+    try:
+        request.ParseFromString(body)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise OtlpDecodeError(f"invalid OTLP metrics protobuf: {exc}") from exc
+    return request
+
+
+def gpu_rows_from_request(request: ExportMetricsServiceRequest) -> MetricsResult:
+    """Gives the gpu_samples rows of a parsed protobuf metrics export."""
+    rows = _Rows()
+    for rm in request.resource_metrics:
+        service, instance = _who(_attrs(rm.resource.attributes))
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                target = GPU_COLUMNS.get(metric.name)
+                if target is None:
+                    rows.result.ignored_metrics += 1
+                    continue
+                which = metric.WhichOneof("data")
+                if which not in ("gauge", "sum"):
+                    rows.result.ignored_metrics += 1
+                    continue
+                for dp in getattr(metric, which).data_points:
+                    kind = dp.WhichOneof("value")
+                    value = getattr(dp, kind) if kind else None
+                    rows.point(service, instance, *target, _attrs(dp.attributes),
+                               dp.time_unix_nano, value)  # fmt: skip
+    return rows.done()
+
+
+def decode_metrics_protobuf(body: bytes) -> MetricsResult:
+    """Gives the gpu_samples rows of a protobuf `ExportMetricsServiceRequest`."""
+    return gpu_rows_from_request(parse_metrics_request(body))
+
+
+def _j_list(v: Any, what: str) -> Iterable[Any]:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise OtlpDecodeError(f"{what} must be a list")
+    return v
+
+
+def _j_obj(v: Any, what: str) -> Mapping[str, Any]:
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise OtlpDecodeError(f"{what} must be an object")
+    return v
+
+
+def decode_metrics_json(doc: Any) -> MetricsResult:
+    """Gives the gpu_samples rows of an OTLP/JSON metrics export document."""
+    if not isinstance(doc, Mapping) or "resourceMetrics" not in doc:
+        raise OtlpDecodeError("OTLP JSON metrics body must be an object with resourceMetrics")
+    rows = _Rows()
+    for rm in _j_list(doc["resourceMetrics"], "resourceMetrics"):
+        rm = _j_obj(rm, "resourceMetrics entry")
+        service, instance = _who(_j_attrs(_j_obj(rm.get("resource"), "resource").get("attributes")))
+        for sm in _j_list(rm.get("scopeMetrics"), "scopeMetrics"):
+            for metric in _j_list(_j_obj(sm, "scopeMetrics entry").get("metrics"), "metrics"):
+                metric = _j_obj(metric, "metric")
+                target = GPU_COLUMNS.get(str(metric.get("name", "")))
+                data = metric.get("gauge") or metric.get("sum")
+                if target is None or data is None:
+                    rows.result.ignored_metrics += 1
+                    continue
+                for dp in _j_list(_j_obj(data, "gauge").get("dataPoints"), "dataPoints"):
+                    dp = _j_obj(dp, "data point")
+                    value: float | int | None = None
+                    try:
+                        if "asDouble" in dp:
+                            value = float(dp["asDouble"])
+                        elif "asInt" in dp:
+                            value = int(dp["asInt"])
+                    except (TypeError, ValueError) as exc:
+                        raise OtlpDecodeError(f"invalid data point value: {exc}") from exc
+                    ts = _j_int(dp.get("timeUnixNano", 0), "timeUnixNano")
+                    rows.point(service, instance, *target, _j_attrs(dp.get("attributes")), ts, value)
+    return rows.done()
