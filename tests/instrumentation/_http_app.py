@@ -1,0 +1,66 @@
+"""A small streaming FastAPI app instrumented with the SDK, served by uvicorn in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+
+from tokentrace import instrumentation as tt
+
+TOKENS = 5
+ITL_S = 0.01
+
+
+def make_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/v1/stream/{name}")
+    async def stream(name: str) -> StreamingResponse:
+        req = tt.current_request()
+        assert req is not None  # the middleware made one
+
+        async def body() -> AsyncIterator[bytes]:
+            req.start_phase("prefill")
+            await asyncio.sleep(0.02)
+            for i in range(TOKENS):
+                if i == 1:
+                    req.start_phase("decode")
+                if i:
+                    await asyncio.sleep(ITL_S)
+                req.token()
+                if i == 0:
+                    req.end_phase("prefill")
+                yield f"data: tok{i}\n\n".encode()
+            req.end_phase("decode")
+            req.set_tokens(prompt=3)
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("handler failed")
+
+    return app
+
+
+@contextmanager
+def run_app(app: FastAPI, port: int) -> Iterator[str]:
+    """Serves `app` on 127.0.0.1:`port` in a thread; gives its base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -1,0 +1,102 @@
+"""Engine steps: appends, flushed as `tokentrace.engine.steps` spans the analyzer unpacks and serve stores."""
+
+from __future__ import annotations
+
+import time
+
+from tokentrace import instrumentation as tt
+from tokentrace.analyzer.engine_steps import extract_engine_steps
+from tokentrace.collector.otlp import decode_protobuf
+from tokentrace.instrumentation import _steps
+from tokentrace.instrumentation import semconv as sc
+from tokentrace.store.connection import open_read_only
+
+
+def _run_steps() -> None:
+    with tt.engine_step(queue_depth=3, kv_usage=0.25) as step:
+        step.prefill("req-a", 17)
+        step.prefill("req-a", 5)  # a chunked prefill lists one request twice
+        step.decode("req-b")
+        time.sleep(0.002)
+    with tt.engine_step(queue_depth=2) as step:
+        step.decode("req-a")
+        step.decode("req-b")
+    now = time.time_ns()
+    tt.record_step(
+        start_ns=now - 3_000_000,
+        end_ns=now,
+        prefill_tokens=0,
+        decode_seqs=1,
+        batch_size=1,
+        queue_depth=0,
+        request_ids=["req-b"],
+        gpu_us=1234,
+    )
+
+
+def test_steps_become_one_root_span_the_analyzer_unpacks(memory_sdk) -> None:  # type: ignore[no-untyped-def]
+    with tt.request(request_id="outer"):
+        _run_steps()  # steps inside a request still go to their own trace
+    spans = memory_sdk.spans(sc.SPAN_ENGINE_STEPS)
+    assert len(spans) == 1
+    span = spans[0]
+    assert span.parent is None
+    req = memory_sdk.spans(sc.SPAN_REQUEST)[0]
+    assert span.context.trace_id != req.context.trace_id
+    assert span.resource.attributes["service.name"] == "sdk-test"
+    assert span.attributes[sc.STEP_COUNT] == 3
+
+    steps = extract_engine_steps(decode_protobuf(memory_sdk.otlp_bytes()))
+    assert len(steps) == 3
+    first, second, third = steps
+    assert (first.prefill_tokens, first.decode_seqs, first.batch_size, first.queue_depth) == (22, 1, 2, 3)
+    assert first.request_ids == ["req-a", "req-b"]
+    assert first.kv_usage == 0.25 and first.gpu_us is None
+    assert first.duration_us >= 2000
+    assert first.service == "sdk-test"
+    assert (second.decode_seqs, second.batch_size, second.kv_usage) == (2, 2, None)
+    assert second.start_ns >= first.start_ns + first.duration_us * 1000
+    assert (third.gpu_us, third.request_ids, third.duration_us) == (1234, ["req-b"], 3000)
+
+
+def test_flusher_thread_emits_without_an_explicit_flush(memory_sdk, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    recorder = _steps.StepRecorder(flush_interval_s=0.05)
+    monkeypatch.setattr(_steps, "recorder", recorder)
+    _run_steps()
+    deadline = time.monotonic() + 10
+    while recorder.emitted_spans == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert recorder.emitted_spans == 1
+    assert memory_sdk.spans(sc.SPAN_ENGINE_STEPS)[0].attributes[sc.STEP_COUNT] == 3
+
+
+def test_bounded_buffer_drops_oldest_and_says_so(memory_sdk, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    recorder = _steps.StepRecorder(flush_interval_s=60, max_pending=4)
+    monkeypatch.setattr(_steps, "recorder", recorder)
+    for i in range(10):
+        tt.record_step(start_ns=i * 1000, end_ns=i * 1000 + 500, prefill_tokens=i, decode_seqs=0,
+                       batch_size=1, queue_depth=0)  # fmt: skip
+    assert recorder.flush() == 4
+    span = memory_sdk.spans(sc.SPAN_ENGINE_STEPS)[0]
+    assert list(span.attributes[sc.STEP_PREFILL_TOKENS]) == [6, 7, 8, 9]
+    assert span.attributes[sc.STEP_DROPPED] == 6
+
+
+def test_serve_stores_engine_steps(serve_sdk) -> None:  # type: ignore[no-untyped-def]
+    serve, tracing = serve_sdk
+    _run_steps()
+    assert tracing.force_flush(10_000)
+    serve.stop()
+    conn = open_read_only(serve.db)
+    try:
+        rows = conn.execute(
+            "SELECT service, prefill_tokens, decode_seqs, batch_size, queue_depth, kv_usage, gpu_us, request_ids "
+            "FROM engine_steps ORDER BY start_ns"
+        ).fetchall()
+    finally:
+        conn.close()
+    assert rows == [
+        ("sdk-e2e", 22, 1, 2, 3, 0.25, None, ["req-a", "req-b"]),
+        ("sdk-e2e", 0, 2, 2, 2, None, None, ["req-a", "req-b"]),
+        ("sdk-e2e", 0, 1, 1, 0, None, 1234, ["req-b"]),
+    ]
