@@ -53,7 +53,9 @@ def make_app() -> FastAPI:
 @contextmanager
 def run_app(app: FastAPI, port: int) -> Iterator[str]:
     """Serves `app` on 127.0.0.1:`port` in a thread; gives its base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

@@ -6,11 +6,11 @@ import asyncio
 
 import httpx
 import pytest
+from tokentrace.instrumentation import semconv as sc
 
 from tests.conftest import free_port
 from tests.instrumentation._http_app import TOKENS, make_app, run_app
 from tokentrace import instrumentation as tt
-from tokentrace.instrumentation import semconv as sc
 from tokentrace.store.connection import open_read_only
 
 
@@ -25,7 +25,9 @@ def _stream_with_client_request(url: str) -> int:
     chunks = 0
     with tt.client_request(model="tiny", tenant="acme") as cr:
         with httpx.Client() as client:
-            with client.stream("GET", f"{url}/v1/stream/a", headers=cr.headers({"x-user": "u"})) as resp:
+            with client.stream(
+                "GET", f"{url}/v1/stream/a", headers=cr.headers({"x-user": "u"})
+            ) as resp:
                 for _line in resp.iter_lines():
                     if _line:
                         cr.chunk()
@@ -157,7 +159,9 @@ def test_serve_stores_network_and_client_ttft(serve_sdk, app_url) -> None:  # ty
     network_ms, server_ms, e2e_ms, ttft_client_ms, ttft_ms, route, tenant = row
     by_name = {name: (end - start) / 1e6 for name, _kind, start, end in spans}
     if by_name:  # the trace was kept: check the subtraction against the stored spans
-        assert network_ms == pytest.approx(by_name[sc.SPAN_CLIENT] - by_name[sc.SPAN_REQUEST], abs=0.01)
+        assert network_ms == pytest.approx(
+            by_name[sc.SPAN_CLIENT] - by_name[sc.SPAN_REQUEST], abs=0.01
+        )
     assert network_ms > 0
     assert network_ms + server_ms == pytest.approx(e2e_ms, abs=0.01)
     assert ttft_client_ms is not None and ttft_client_ms >= ttft_ms

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 
-from tokentrace import instrumentation as tt
 from tokentrace.analyzer.engine_steps import extract_engine_steps
 from tokentrace.collector.otlp import decode_protobuf
 from tokentrace.instrumentation import _steps
 from tokentrace.instrumentation import semconv as sc
+
+from tokentrace import instrumentation as tt
 from tokentrace.store.connection import open_read_only
 
 
@@ -49,7 +50,12 @@ def test_steps_become_one_root_span_the_analyzer_unpacks(memory_sdk) -> None:  #
     steps = extract_engine_steps(decode_protobuf(memory_sdk.otlp_bytes()))
     assert len(steps) == 3
     first, second, third = steps
-    assert (first.prefill_tokens, first.decode_seqs, first.batch_size, first.queue_depth) == (22, 1, 2, 3)
+    assert (first.prefill_tokens, first.decode_seqs, first.batch_size, first.queue_depth) == (
+        22,
+        1,
+        2,
+        3,
+    )
     assert first.request_ids == ["req-a", "req-b"]
     assert first.kv_usage == 0.25 and first.gpu_us is None
     assert first.duration_us >= 2000
