@@ -1,0 +1,46 @@
+"""Jinja filters that format the pages' numbers and times the same way everywhere."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+
+
+def ms(value: Any, digits: int = 1) -> str:
+    """Gives a millisecond figure for people: '—' when not measured, seconds when large."""
+    if value is None:
+        return "—"
+    v = float(value)
+    if v >= 10_000:
+        return f"{v / 1000:,.2f} s"
+    return f"{v:,.{digits}f} ms"
+
+
+def num(value: Any, digits: int = 0) -> str:
+    return "—" if value is None else f"{float(value):,.{digits}f}"
+
+
+def pct(value: Any) -> str:
+    return "—" if value is None else f"{float(value) * 100:.1f} %"
+
+
+def when(ns: Any) -> str:
+    """Gives a unix-ns time as UTC ISO with milliseconds."""
+    if ns is None:
+        return "—"
+    dt = datetime.fromtimestamp(int(ns) / 1e9, tz=timezone.utc)
+    return dt.strftime("%Y-%m-%d %H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+def qs(params: dict[str, Any], **override: Any) -> str:
+    """Gives a query string from `params` with `override` applied (None removes a key)."""
+    merged = {**params, **override}
+    return urlencode({k: v for k, v in merged.items() if v is not None})
+
+
+def install(env: jinja2.Environment) -> None:
+    env.filters.update(ms=ms, num=num, pct=pct, when=when)
+    env.globals.update(qs=qs)

@@ -1,0 +1,80 @@
+"""The overview's data: latency percentiles and bucket shares over time, throughput, findings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+from tokentrace.analyzer.report import build_report
+from tokentrace.web import queries
+from tokentrace.web._db import time_limit
+from tokentrace.web._params import BUCKETS, WINDOWS_NS, ViewFilters
+
+PERCENTILES = ("p50", "p90", "p95", "p99")
+METRICS = ("e2e", "ttft", "tpot", "itl")
+#: Bin widths a chart may use, in seconds; the smallest that gives <= MAX_BINS bins wins.
+_BIN_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
+MAX_BINS = 120
+
+
+def newest_start_ns(cur: duckdb.DuckDBPyConnection) -> int | None:
+    """Gives the start of the newest request: windows end there, so imported data shows too."""
+    row = cur.execute("SELECT max(start_ns) FROM requests").fetchone()
+    return int(row[0]) if row and row[0] is not None else None
+
+
+def filter_choices(cur: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
+    """Gives the models, tenants and services seen, for the filter drop-downs."""
+    out: dict[str, list[str]] = {"model": [], "tenant": [], "service": []}
+    with time_limit(cur):
+        for field, value, _ in cur.execute(queries.load("filter_choices")).fetchall():
+            if len(out[field]) < 200:
+                out[field].append(value)
+    return out
+
+
+def bin_seconds(span_ns: int) -> int:
+    """Gives the chart's bin width for a window of `span_ns`."""
+    for step in _BIN_STEPS_S:
+        if span_ns / (step * 10**9) <= MAX_BINS:
+            return step
+    return _BIN_STEPS_S[-1]
+
+
+def overview_data(cur: duckdb.DuckDBPyConnection, view: ViewFilters) -> dict[str, Any]:
+    """Gives everything the overview shows, as plain JSON-ready values."""
+    newest = newest_start_ns(cur)
+    filters = view.resolve(newest)
+    with time_limit(cur):
+        report = build_report(cur, filters)
+    first = filters.start_ns if filters.start_ns is not None else report["window"]["start_ns"]
+    last = filters.end_ns if filters.end_ns is not None else report["window"]["end_ns"]
+    series: dict[str, Any] = {"bin_s": None, "t": [], "rps": [], "share": {b: [] for b in BUCKETS}}
+    for m in METRICS:
+        series[m] = {p: [] for p in PERCENTILES}
+    if first is not None and last is not None and report["requests"]["count"]:
+        step = bin_seconds(max(1, int(last) - int(first)))
+        bin_ns = step * 10**9
+        origin = int(first) - int(first) % bin_ns
+        cte, params = filters.cte()
+        with time_limit(cur):
+            rows = cur.execute(f"{cte}\n{queries.load('overview_series')}", [*params, origin, bin_ns]).fetchall()
+        series["bin_s"] = step
+        for row in rows:
+            bin_index, count, e2e, ttft, tpot, itl, *totals = row
+            series["t"].append((origin + bin_index * bin_ns) / 1e9)
+            series["rps"].append(round(count / step, 4))
+            for name, values in zip(METRICS, (e2e, ttft, tpot, itl), strict=True):
+                for i, p in enumerate(PERCENTILES):
+                    series[name][p].append(None if values is None or values[i] is None else round(values[i], 3))
+            whole = sum(t or 0.0 for t in totals)
+            for b, total in zip(BUCKETS, totals, strict=True):
+                series["share"][b].append(round((total or 0.0) / whole, 4) if whole else None)
+    return {
+        "filters": view.query(),
+        "window": view.window,
+        "windows": list(WINDOWS_NS),
+        "range": {"start_ns": first, "end_ns": last, "newest_ns": newest},
+        "report": report,
+        "series": series,
+    }

@@ -1,0 +1,262 @@
+"""Query-string parameters of the pages: parsed, checked, and turned into typed values.
+
+Every value a user types ends up either as a bound SQL parameter or, for
+identifiers (sort column, bucket), as one entry of a fixed list checked here.
+Anything else is a `ParamError`, which the app answers with 400 and the message.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Any
+
+from tokentrace.analyzer.filters import Filters
+
+
+class ParamError(ValueError):
+    """A query-string parameter is malformed or out of range; the message says which."""
+
+
+#: Selectable windows, ending at the newest request in the database.
+WINDOWS_NS: dict[str, int | None] = {
+    "5m": 5 * 60 * 10**9,
+    "15m": 15 * 60 * 10**9,
+    "1h": 3600 * 10**9,
+    "6h": 6 * 3600 * 10**9,
+    "24h": 24 * 3600 * 10**9,
+    "7d": 7 * 24 * 3600 * 10**9,
+    "all": None,
+}
+DEFAULT_WINDOW = "all"
+BUCKETS = ("network", "queue", "prefill", "decode")
+TRAFFIC_CLASSES = ("interactive", "batch")
+_ID_RE = re.compile(r"^[0-9a-fA-F]{1,64}$")
+_COMPLAINT_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_MAX_TEXT = 200
+
+
+def _text(params: Mapping[str, str], name: str) -> str | None:
+    raw = params.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    if len(raw) > _MAX_TEXT:
+        raise ParamError(f"{name} is longer than {_MAX_TEXT} characters")
+    return raw.strip()
+
+
+def _float(params: Mapping[str, str], name: str) -> float | None:
+    raw = _text(params, name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ParamError(f"{name} must be a number of milliseconds, not {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ParamError(f"{name} must be a finite number >= 0, not {raw!r}")
+    return value
+
+
+def _time_ns(params: Mapping[str, str], name: str) -> int | None:
+    """Accepts unix nanoseconds or an ISO 8601 time (UTC unless it says otherwise)."""
+    raw = _text(params, name)
+    if raw is None:
+        return None
+    if raw.isdigit():
+        return int(raw)
+    try:
+        dt = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise ParamError(f"{name} must be unix nanoseconds or an ISO 8601 time, not {raw!r}") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1e9)
+
+
+def parse_trace_id(raw: str) -> str:
+    """Gives a lowercase hex trace id, or raises ParamError."""
+    if not _ID_RE.match(raw):
+        raise ParamError(f"trace id must be 1-64 hex digits, not {raw[:80]!r}")
+    return raw.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class ViewFilters:
+    """The filters every page shares: window (or explicit range), model, tenant, class, service."""
+
+    window: str = DEFAULT_WINDOW
+    start_ns: int | None = None
+    end_ns: int | None = None
+    model: str | None = None
+    tenant: str | None = None
+    traffic_class: str | None = None
+    service: str | None = None
+
+    def resolve(self, newest_ns: int | None) -> Filters:
+        """Gives the analyzer's Filters, the window ending at the newest request."""
+        start, end = self.start_ns, self.end_ns
+        span = WINDOWS_NS[self.window]
+        if start is None and end is None and span is not None and newest_ns is not None:
+            start, end = newest_ns - span, newest_ns + 1
+        return Filters(start, end, self.model, self.tenant, self.traffic_class, self.service)
+
+    def query(self) -> dict[str, str]:
+        """Gives the filters as query-string values, for links that keep them."""
+        out = {"window": self.window} if self.window != DEFAULT_WINDOW else {}
+        for key, value in (
+            ("start", self.start_ns),
+            ("end", self.end_ns),
+            ("model", self.model),
+            ("tenant", self.tenant),
+            ("class", self.traffic_class),
+            ("service", self.service),
+        ):
+            if value is not None:
+                out[key] = str(value)
+        return out
+
+
+def parse_view_filters(params: Mapping[str, str]) -> ViewFilters:
+    window = _text(params, "window") or DEFAULT_WINDOW
+    if window not in WINDOWS_NS:
+        raise ParamError(f"window must be one of {', '.join(WINDOWS_NS)}, not {window!r}")
+    traffic_class = _text(params, "class")
+    if traffic_class is not None and traffic_class not in TRAFFIC_CLASSES:
+        raise ParamError(f"class must be one of {', '.join(TRAFFIC_CLASSES)}, not {traffic_class!r}")
+    start, end = _time_ns(params, "start"), _time_ns(params, "end")
+    if start is not None and end is not None and end <= start:
+        raise ParamError("end must be after start")
+    return ViewFilters(
+        window=window,
+        start_ns=start,
+        end_ns=end,
+        model=_text(params, "model"),
+        tenant=_text(params, "tenant"),
+        traffic_class=traffic_class,
+        service=_text(params, "service"),
+    )
+
+
+#: Columns the search page sorts by; each is checked against the real schema too.
+SORTABLE = (
+    "start_ns", "e2e_ms", "ttft_ms", "ttft_client_ms", "tpot_ms", "network_ms", "queue_ms",
+    "prefill_ms", "decode_ms", "itl_p99_ms", "itl_max_ms", "stall_count", "prompt_tokens",
+    "output_tokens", "model", "tenant", "traffic_class",
+)  # fmt: skip
+PAGE_SIZES = (1, 500)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchParams:
+    view: ViewFilters
+    min_e2e_ms: float | None = None
+    max_e2e_ms: float | None = None
+    min_ttft_ms: float | None = None
+    max_ttft_ms: float | None = None
+    bucket: str | None = None
+    complaint: str | None = None
+    kept_only: bool = False
+    errors_only: bool = False
+    sort: str = "start_ns"
+    descending: bool = True
+    limit: int = 50
+    after: tuple[Any, ...] | None = None
+
+    def query(self, **override: Any) -> dict[str, str]:
+        """Gives the search as query-string values; `override` replaces fields first."""
+        p = replace(self, **override) if override else self
+        out = p.view.query()
+        for key, value in (
+            ("min_e2e", p.min_e2e_ms),
+            ("max_e2e", p.max_e2e_ms),
+            ("min_ttft", p.min_ttft_ms),
+            ("max_ttft", p.max_ttft_ms),
+            ("bucket", p.bucket),
+            ("complaint", p.complaint),
+        ):
+            if value is not None:
+                out[key] = f"{value:g}" if isinstance(value, float) else str(value)
+        if p.kept_only:
+            out["kept"] = "1"
+        if p.errors_only:
+            out["error"] = "1"
+        if p.sort != "start_ns" or not p.descending:
+            out["sort"] = p.sort
+            out["order"] = "desc" if p.descending else "asc"
+        if p.limit != 50:
+            out["limit"] = str(p.limit)
+        if p.after is not None:
+            out["after"] = encode_cursor(p.after)
+        return out
+
+
+def _flag(params: Mapping[str, str], name: str) -> bool:
+    raw = (_text(params, name) or "0").lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ParamError(f"{name} must be 1 or 0, not {raw!r}")
+
+
+def encode_cursor(key: tuple[Any, ...]) -> str:
+    """Gives the opaque keyset cursor for the row with sort key `key`."""
+    return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode().rstrip("=")
+
+
+def decode_cursor(raw: str) -> tuple[Any, ...]:
+    try:
+        padded = raw + "=" * (-len(raw) % 4)
+        key = json.loads(base64.urlsafe_b64decode(padded.encode()))
+    except (ValueError, TypeError):
+        raise ParamError("after is not a cursor this page gave out") from None
+    if (
+        not isinstance(key, list)
+        or len(key) != 3
+        or not all(isinstance(k, (str, int, float)) and not isinstance(k, bool) for k in key)
+        or not all(isinstance(k, str) for k in key[1:])
+    ):
+        raise ParamError("after is not a cursor this page gave out")
+    return tuple(key)
+
+
+def parse_search(params: Mapping[str, str]) -> SearchParams:
+    view = parse_view_filters(params)
+    bucket = _text(params, "bucket")
+    if bucket is not None and bucket not in BUCKETS:
+        raise ParamError(f"bucket must be one of {', '.join(BUCKETS)}, not {bucket!r}")
+    complaint = _text(params, "complaint")
+    if complaint is not None and not _COMPLAINT_RE.match(complaint):
+        raise ParamError(f"complaint must be a complaint id such as 'stutter', not {complaint!r}")
+    sort = _text(params, "sort") or "start_ns"
+    if sort not in SORTABLE:
+        raise ParamError(f"sort must be one of {', '.join(SORTABLE)}, not {sort!r}")
+    order = (_text(params, "order") or "desc").lower()
+    if order not in ("asc", "desc"):
+        raise ParamError(f"order must be asc or desc, not {order!r}")
+    raw_limit = _text(params, "limit") or "50"
+    if not raw_limit.isdigit() or not PAGE_SIZES[0] <= int(raw_limit) <= PAGE_SIZES[1]:
+        raise ParamError(f"limit must be an integer {PAGE_SIZES[0]}..{PAGE_SIZES[1]}, not {raw_limit!r}")
+    after_raw = _text(params, "after")
+    out = SearchParams(
+        view=view,
+        min_e2e_ms=_float(params, "min_e2e"),
+        max_e2e_ms=_float(params, "max_e2e"),
+        min_ttft_ms=_float(params, "min_ttft"),
+        max_ttft_ms=_float(params, "max_ttft"),
+        bucket=bucket,
+        complaint=complaint,
+        kept_only=_flag(params, "kept"),
+        errors_only=_flag(params, "error"),
+        sort=sort,
+        descending=order == "desc",
+        limit=int(raw_limit),
+        after=decode_cursor(after_raw) if after_raw else None,
+    )
+    return out

@@ -1,0 +1,122 @@
+"""The search page's data: filtered requests, keyset-paged on any sortable column.
+
+Paging is by keyset — `(sort key, trace_id, request_id)` strictly after the
+last row shown — so page 1000 costs what page 1 costs on a million requests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+from tokentrace.analyzer.filters import Filters
+from tokentrace.analyzer.report import build_report
+from tokentrace.web._db import fetch_dicts, table_columns, time_limit
+from tokentrace.web._overview import newest_start_ns
+from tokentrace.web._params import ParamError, SearchParams
+
+#: Columns each result row shows (read by name: missing ones are left out).
+RESULT_COLUMNS = (
+    "trace_id", "request_id", "start_ns", "e2e_ms", "ttft_ms", "tpot_ms", "network_ms", "queue_ms",
+    "prefill_ms", "decode_ms", "itl_p99_ms", "itl_max_ms", "stall_count", "prompt_tokens",
+    "output_tokens", "model", "tenant", "traffic_class", "service", "kept", "sample_reason", "error",
+    "cold_start",
+)  # fmt: skip
+
+#: The bucket that took the most of a request's time (network counts 0 when not measured).
+DOMINANT_BUCKET_SQL = (
+    "CASE WHEN coalesce(network_ms, 0) >= greatest(queue_ms, prefill_ms, decode_ms) THEN 'network' "
+    "WHEN queue_ms >= greatest(prefill_ms, decode_ms) THEN 'queue' "
+    "WHEN prefill_ms >= decode_ms THEN 'prefill' ELSE 'decode' END"
+)
+
+
+def complaint_trace_ids(cur: duckdb.DuckDBPyConnection, complaint: str, filters: Filters) -> list[str] | None:
+    """Gives the trace ids the current finding `complaint` names, None when there is no such finding."""
+    with time_limit(cur):
+        report = build_report(cur, filters)
+    for finding in report.get("findings", []):
+        if finding.get("complaint") == complaint:
+            ids = finding.get("affected_trace_ids") or finding.get("example_traces") or []
+            return [str(i) for i in ids]
+    return None
+
+
+def _sort_key(column: str, dtype: str) -> str:
+    # NULL ("not measured") sorts as the smallest value so keyset comparisons stay total
+    sentinel = "''" if dtype == "VARCHAR" else "-1"
+    return f'coalesce("{column}", {sentinel})'
+
+
+def search_data(cur: duckdb.DuckDBPyConnection, p: SearchParams) -> dict[str, Any]:
+    """Gives one page of matching requests, the total count and the next page's cursor."""
+    schema = table_columns(cur, "requests")
+    if p.sort not in schema:
+        raise ParamError(f"sort column {p.sort!r} is not in this database's requests table")
+    filters = p.view.resolve(newest_start_ns(cur))
+    where, params = filters.where()
+    clauses = [where[len("WHERE ") :]] if where else []
+    for expr, value in (
+        ("e2e_ms >= ?", p.min_e2e_ms),
+        ("e2e_ms <= ?", p.max_e2e_ms),
+        ("ttft_ms >= ?", p.min_ttft_ms),
+        ("ttft_ms <= ?", p.max_ttft_ms),
+    ):
+        if value is not None:
+            clauses.append(expr)
+            params.append(value)
+    if p.bucket is not None:
+        clauses.append(f"({DOMINANT_BUCKET_SQL}) = ?")
+        params.append(p.bucket)
+    if p.kept_only:
+        clauses.append("kept")
+    if p.errors_only:
+        clauses.append("error")
+    note = None
+    if p.complaint is not None:
+        ids = complaint_trace_ids(cur, p.complaint, filters)
+        if ids is None:
+            note = f"No current finding has complaint id {p.complaint!r}; nothing matches."
+            ids = []
+        clauses.append("trace_id IN (SELECT unnest(?::VARCHAR[]))")
+        params.append(ids)
+    base_where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+
+    key = _sort_key(p.sort, schema[p.sort])
+    if p.after is not None and isinstance(p.after[0], str) != (schema[p.sort] == "VARCHAR"):
+        raise ParamError("after is a cursor of another sort order; start from the first page")
+    page_clauses = list(clauses)
+    page_params = list(params)
+    if p.after is not None:
+        op = "<" if p.descending else ">"
+        page_clauses.append(f"({key}, trace_id, request_id) {op} (?, ?, ?)")
+        page_params.extend(p.after)
+    page_where = ("WHERE " + " AND ".join(page_clauses)) if page_clauses else ""
+    direction = "DESC" if p.descending else "ASC"
+    columns = [c for c in RESULT_COLUMNS if c in schema]
+    select = ", ".join(f'"{c}"' for c in columns)
+    sql = (
+        f"SELECT {select}, {DOMINANT_BUCKET_SQL} AS dominant_bucket, {key} AS sort_key "  # noqa: S608
+        f"FROM requests {page_where} "
+        f"ORDER BY sort_key {direction}, trace_id {direction}, request_id {direction} LIMIT ?"
+    )
+    rows, more = fetch_dicts(cur, sql, [*page_params, p.limit], cap=p.limit)
+    with time_limit(cur):
+        count_row = cur.execute(f"SELECT count(*) FROM requests {base_where}", params).fetchone()  # noqa: S608
+    next_cursor = None
+    if more and rows:
+        last = rows[-1]
+        next_cursor = (last["sort_key"], last["trace_id"], last["request_id"])
+    for row in rows:
+        row.pop("sort_key")
+    return {
+        "filters": p.query(after=None),
+        "sort": p.sort,
+        "order": "desc" if p.descending else "asc",
+        "columns": columns,
+        "total": int(count_row[0]) if count_row else 0,
+        "rows": rows,
+        "truncated": more,
+        "next": p.query(after=next_cursor) if next_cursor is not None else None,
+        "note": note,
+    }

@@ -1,0 +1,200 @@
+"""The trace view's data: span waterfall, each request's buckets, token timeline, shared steps."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import duckdb
+from tokentrace.instrumentation import semconv as sc
+from tokentrace.web import queries
+from tokentrace.web._db import fetch_dicts, time_limit
+from tokentrace.web._timeline import build_timeline, client_chunk_times_ns, token_times_ns
+
+#: Most spans one trace view loads; a bigger trace shows its first SPAN_CAP and says so.
+SPAN_CAP = 5000
+#: Most requests one trace may hold (batches) before the view truncates.
+REQUEST_CAP = 100
+KIND_NAMES = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
+STATUS_NAMES = {0: "unset", 1: "ok", 2: "error"}
+
+
+class TraceNotFound(LookupError):
+    """No request summary and no span has this trace id."""
+
+
+def _json(text: str, default: Any) -> Any:
+    try:
+        return json.loads(text) if text else default
+    except ValueError:
+        return default
+
+
+def load_spans(cur: duckdb.DuckDBPyConnection, trace_id: str) -> tuple[list[dict[str, Any]], bool]:
+    """Gives the stored spans of a trace with their JSON columns parsed, and a truncated flag."""
+    rows, truncated = fetch_dicts(
+        cur, "SELECT * FROM spans WHERE trace_id = ? ORDER BY start_ns, span_id", [trace_id], cap=SPAN_CAP
+    )
+    for row in rows:
+        row["attributes"] = _json(row["attributes"], {})
+        row["events"] = _json(row["events"], [])
+        row["links"] = _json(row["links"], [])
+        row["resource"] = _json(row["resource"], {})
+    return rows, truncated
+
+
+def waterfall(spans: list[dict[str, Any]], t0: int, t1: int) -> list[dict[str, Any]]:
+    """Gives the spans depth-first (children by start), each with depth and bar position in %."""
+    ids = {s["span_id"] for s in spans}
+    children: dict[str, list[dict[str, Any]]] = {}
+    roots = []
+    for s in spans:
+        parent = s["parent_span_id"]
+        if parent and parent in ids and parent != s["span_id"]:
+            children.setdefault(parent, []).append(s)
+        else:  # roots, and orphans whose parent was not kept or not sent
+            roots.append(s)
+    total = max(1, t1 - t0)
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    stack = [(s, 0, "") for s in reversed(roots)]
+    while stack:
+        span, depth, parent = stack.pop()
+        if span["span_id"] in seen:  # a cycle in bad data must not hang the page
+            continue
+        seen.add(span["span_id"])
+        kids = children.get(span["span_id"], [])
+        out.append(
+            {
+                "span_id": span["span_id"],
+                "parent_span_id": span["parent_span_id"],
+                "parent_row": parent,
+                "name": span["name"],
+                "service": span["service_name"],
+                "kind": KIND_NAMES.get(span["kind"], str(span["kind"])),
+                "status": STATUS_NAMES.get(span["status_code"], str(span["status_code"])),
+                "status_message": span["status_message"],
+                "scope": span["scope"],
+                "depth": depth,
+                "has_children": bool(kids),
+                "start_ms": round((span["start_ns"] - t0) / 1e6, 3),
+                "duration_ms": round(max(0, span["end_ns"] - span["start_ns"]) / 1e6, 3),
+                "left_pct": round((span["start_ns"] - t0) / total * 100, 3),
+                "width_pct": round(max(0, span["end_ns"] - span["start_ns"]) / total * 100, 3),
+                "attributes": span["attributes"],
+                "events": [
+                    {**e, "offset_ms": round((int(e.get("time_ns") or 0) - t0) / 1e6, 3)} for e in span["events"]
+                ],
+                "links": span["links"],
+                "resource": span["resource"],
+            }
+        )
+        stack.extend((k, depth + 1, span["span_id"]) for k in reversed(kids))
+    return out
+
+
+def _request_span(spans: list[dict[str, Any]], request: dict[str, Any]) -> dict[str, Any] | None:
+    candidates = [s for s in spans if s["name"] == sc.SPAN_REQUEST]
+    for s in candidates:
+        if str(s["attributes"].get(sc.REQUEST_ID) or s["span_id"]) == request["request_id"]:
+            return s
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def _client_span(spans: list[dict[str, Any]], request_span: dict[str, Any] | None) -> dict[str, Any] | None:
+    if request_span is None:
+        return None
+    by_id = {s["span_id"]: s for s in spans}
+    parent = by_id.get(request_span["parent_span_id"])
+    for _ in range(64):
+        if parent is None:
+            return None
+        if parent["kind"] == 3:  # CLIENT: the user's side of this request
+            return parent
+        parent = by_id.get(parent["parent_span_id"])
+    return None
+
+
+def _buckets(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """Gives the request's four buckets (queue split into its parts) with % of E2E."""
+    e2e = request.get("e2e_ms") or 0.0
+    parts = [
+        ("network", request.get("network_ms")),
+        ("queue_wait", request.get("queue_wait_ms")),
+        ("tokenize", request.get("tokenize_ms")),
+        ("other", request.get("other_ms")),
+        ("prefill", request.get("prefill_ms")),
+        ("decode", request.get("decode_ms")),
+    ]
+    out = []
+    for name, ms in parts:
+        bucket = "queue" if name in ("queue_wait", "tokenize", "other") else name
+        out.append(
+            {
+                "name": name,
+                "bucket": bucket,
+                "ms": None if ms is None else round(ms, 3),
+                "pct": round((ms or 0.0) / e2e * 100, 2) if e2e else 0.0,
+            }
+        )
+    return out
+
+
+def _request_view(cur: duckdb.DuckDBPyConnection, request: dict[str, Any], spans: list[dict[str, Any]]) -> dict[str, Any]:
+    req_span = _request_span(spans, request)
+    client = _client_span(spans, req_span)
+    start = int(request["start_ns"])
+    end = start + int(float(request["e2e_ms"] or 0) * 1e6)
+    if req_span is not None:
+        start, end = min(start, req_span["start_ns"]), max(end, req_span["end_ns"])
+    if client is not None:
+        start, end = min(start, client["start_ns"]), max(end, client["end_ns"])
+    service, instance = request.get("service") or "", request.get("instance") or ""
+    with time_limit(cur):
+        steps, steps_truncated = fetch_dicts(
+            cur, queries.load("trace_engine_steps"), [request["request_id"], start, end, service, instance], cap=20_000
+        )
+        gpu, _ = fetch_dicts(cur, queries.load("trace_gpu_samples"), [start, end, service], cap=5000)
+        shared, shared_truncated = fetch_dicts(
+            cur, queries.load("trace_shared_requests"), [request["request_id"], start, end], cap=200
+        )
+    timeline = build_timeline(start, end, token_times_ns(req_span), client_chunk_times_ns(client), steps, gpu)
+    summary = {k: v for k, v in request.items()}
+    return {
+        "summary": summary,
+        "buckets": _buckets(request),
+        "has_spans": req_span is not None,
+        "timeline": timeline,
+        "engine_steps": {
+            "overlapping": len(steps),
+            "served": sum(1 for s in steps if s["served"]),
+            "truncated": steps_truncated,
+        },
+        "shared_requests": shared,
+        "shared_truncated": shared_truncated,
+    }
+
+
+def trace_data(cur: duckdb.DuckDBPyConnection, trace_id: str) -> dict[str, Any]:
+    """Gives everything the trace view shows for one trace; raises TraceNotFound."""
+    requests, requests_truncated = fetch_dicts(
+        cur, "SELECT * FROM requests WHERE trace_id = ? ORDER BY start_ns, request_id", [trace_id], cap=REQUEST_CAP
+    )
+    spans, spans_truncated = load_spans(cur, trace_id)
+    if not requests and not spans:
+        raise TraceNotFound(f"no request or span with trace id {trace_id}")
+    kept, _ = fetch_dicts(cur, "SELECT reason, weight, decided_ns, span_count FROM kept_traces WHERE trace_id = ?", [trace_id], cap=10)
+    starts = [s["start_ns"] for s in spans] + [int(r["start_ns"]) for r in requests]
+    ends = [s["end_ns"] for s in spans] + [int(r["start_ns"]) + int(float(r["e2e_ms"] or 0) * 1e6) for r in requests]
+    t0, t1 = min(starts), max(ends)
+    return {
+        "trace_id": trace_id,
+        "start_ns": t0,
+        "duration_ms": round((t1 - t0) / 1e6, 3),
+        "kept": kept[0] if kept else None,
+        "spans": waterfall(spans, t0, t1),
+        "span_count": len(spans),
+        "spans_truncated": spans_truncated,
+        "requests": [_request_view(cur, r, spans) for r in requests],
+        "requests_truncated": requests_truncated,
+    }

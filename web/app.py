@@ -1,0 +1,256 @@
+"""The web trace explorer: FastAPI app with HTML pages and their JSON twins.
+
+Every page has a twin under `/api/...` built by the same data function; the
+HTML is Jinja2 with autoescape on, so every value from spans is escaped.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import duckdb
+import jinja2
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from tokentrace.analyzer.report import build_report
+from tokentrace.web import _format
+from tokentrace.web._db import Database, QueryTimeout, fetch_dicts, time_limit
+from tokentrace.web._export import to_chrome_trace, to_otlp_json
+from tokentrace.web._overview import filter_choices, newest_start_ns, overview_data
+from tokentrace.web._params import ParamError, parse_search, parse_trace_id, parse_view_filters
+from tokentrace.web._search import search_data
+from tokentrace.web._trace import TraceNotFound, load_spans, trace_data
+
+from tokentrace.store.connection import StoreError
+
+logger = logging.getLogger("tokentrace.web")
+HERE = Path(__file__).parent
+TOKEN_COOKIE = "tokentrace_token"
+
+
+def error_status(exc: Exception) -> tuple[int, str]:
+    """Maps an exception to its HTTP status and the message the user sees (never internals)."""
+    if isinstance(exc, ParamError):
+        return 400, str(exc)
+    if isinstance(exc, TraceNotFound):
+        return 404, str(exc)
+    if isinstance(exc, QueryTimeout):
+        return 503, str(exc)
+    if isinstance(exc, StoreError):
+        return 503, str(exc)
+    return 500, "internal error; see the server log"
+
+
+#: Scripts only from our own /static: even a value that escaped escaping could not run.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
+)
+
+
+def _secure(response: Response) -> Response:
+    response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "no-referrer")
+    return response
+
+
+def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
+    """Gives the explorer app over `settings.db` (read through `collector.conn` when given)."""
+    db = Database(Path(settings.db), collector)
+    token: str | None = getattr(settings, "api_token", None) or None
+    app = FastAPI(title="tokentrace", docs_url=None, redoc_url=None, openapi_url=None)
+    # autoescape everything, not only *.html: every value from spans is untrusted
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True)
+    templates = Jinja2Templates(env=env)
+    _format.install(templates.env)
+    app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
+    app.state.db = db
+
+    @app.middleware("http")
+    async def require_token(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if token is None:
+            return _secure(await call_next(request))
+        given = request.query_params.get("token")
+        if given is not None and hmac.compare_digest(given.encode(), token.encode()):
+            # a browser link with ?token= once: set the cookie, drop the token from the URL
+            rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+            target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
+            redirect = RedirectResponse(target, status_code=303)
+            redirect.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+            return redirect
+        header = request.headers.get("authorization", "")
+        bearer = header[7:] if header.lower().startswith("bearer ") else ""
+        cookie = request.cookies.get(TOKEN_COOKIE, "")
+        if any(hmac.compare_digest(v.encode(), token.encode()) for v in (bearer, cookie) if v):
+            return _secure(await call_next(request))
+        return JSONResponse(
+            {"error": "a bearer token is required (Authorization: Bearer …, or open a page once with ?token=…)"},
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    def fail(request: Request, exc: Exception) -> Response:
+        status, message = error_status(exc)
+        if status == 500:
+            logger.exception("web request %s failed", request.url.path, exc_info=exc)
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": message}, status_code=status)
+        return templates.TemplateResponse(
+            request, "error.html", {"status": status, "message": message, "page": ""}, status_code=status
+        )
+
+    def page(request: Request, name: str, data: dict[str, Any], **extra: Any) -> Response:
+        return templates.TemplateResponse(request, name, {"data": data, **extra})
+
+    def choices() -> dict[str, list[str]]:
+        with db.cursor() as cur:
+            return filter_choices(cur)
+
+    # Handlers are sync (`def`): FastAPI runs them in its thread pool, so a long
+    # query never blocks the event loop that also serves other pages.
+
+    @app.get("/", response_class=HTMLResponse)
+    def overview_page(request: Request) -> Response:
+        try:
+            view = parse_view_filters(request.query_params)
+            with db.cursor() as cur:
+                data = overview_data(cur, view)
+            return page(request, "overview.html", data, page_name="overview", choices=choices(), view=view)
+        except (ParamError, StoreError, QueryTimeout, duckdb.Error) as exc:
+            return fail(request, exc)
+
+    @app.get("/api/overview")
+    def overview_api(request: Request) -> Response:
+        try:
+            view = parse_view_filters(request.query_params)
+            with db.cursor() as cur:
+                return JSONResponse(overview_data(cur, view))
+        except (ParamError, StoreError, QueryTimeout, duckdb.Error) as exc:
+            return fail(request, exc)
+
+    @app.get("/search", response_class=HTMLResponse)
+    def search_page(request: Request) -> Response:
+        try:
+            params = parse_search(request.query_params)
+            with db.cursor() as cur:
+                data = search_data(cur, params)
+            return page(request, "search.html", data, page_name="search", choices=choices(), params=params)
+        except (ParamError, StoreError, QueryTimeout, duckdb.Error) as exc:
+            return fail(request, exc)
+
+    @app.get("/api/search")
+    def search_api(request: Request) -> Response:
+        try:
+            params = parse_search(request.query_params)
+            with db.cursor() as cur:
+                return JSONResponse(search_data(cur, params))
+        except (ParamError, StoreError, QueryTimeout, duckdb.Error) as exc:
+            return fail(request, exc)
+
+    @app.get("/trace")
+    def trace_jump(request: Request, id: str = "") -> Response:
+        try:
+            return RedirectResponse(f"/trace/{parse_trace_id(id.strip())}", status_code=303)
+        except ParamError as exc:
+            return fail(request, exc)
+
+    @app.get("/trace/{trace_id}", response_class=HTMLResponse)
+    def trace_page(request: Request, trace_id: str) -> Response:
+        try:
+            tid = parse_trace_id(trace_id)
+            with db.cursor() as cur:
+                data = trace_data(cur, tid)
+            return page(request, "trace.html", data, page_name="trace")
+        except (ParamError, TraceNotFound, StoreError, QueryTimeout, duckdb.Error) as exc:
+            return fail(request, exc)
+
+    @app.get("/api/trace/{trace_id}")
+    def trace_api(request: Request, trace_id: str) -> Response:
+        try:
+            tid = parse_trace_id(trace_id)
+            with db.cursor() as cur:
+                return JSONResponse(trace_data(cur, tid))
+        except (ParamError, TraceNotFound, StoreError, QueryTimeout, duckdb.Error) as exc:
+            return fail(request, exc)
+
+    @app.get("/api/trace/{trace_id}/otlp.json")
+    def trace_otlp(request: Request, trace_id: str) -> Response:
+        try:
+            tid = parse_trace_id(trace_id)
+            with db.cursor() as cur:
+                spans, _ = load_spans(cur, tid)
+            if not spans:
+                raise TraceNotFound(f"no kept spans for trace id {tid} (its spans were sampled out)")
+            return JSONResponse(
+                to_otlp_json(tid, spans),
+                headers={"Content-Disposition": f'attachment; filename="trace-{tid}.otlp.json"'},
+            )
+        except (ParamError, TraceNotFound, StoreError, QueryTimeout, duckdb.Error) as exc:
+            return fail(request, exc)
+
+    @app.get("/api/trace/{trace_id}/chrome.json")
+    def trace_chrome(request: Request, trace_id: str) -> Response:
+        try:
+            tid = parse_trace_id(trace_id)
+            with db.cursor() as cur:
+                spans, _ = load_spans(cur, tid)
+                if not spans:
+                    raise TraceNotFound(f"no kept spans for trace id {tid} (its spans were sampled out)")
+                steps = _steps_of_trace(cur, tid)
+            return JSONResponse(
+                to_chrome_trace(tid, spans, steps),
+                headers={"Content-Disposition": f'attachment; filename="trace-{tid}.chrome.json"'},
+            )
+        except (ParamError, TraceNotFound, StoreError, QueryTimeout, duckdb.Error) as exc:
+            return fail(request, exc)
+
+    @app.get("/diagnosis", response_class=HTMLResponse)
+    def diagnosis_page(request: Request) -> Response:
+        try:
+            view = parse_view_filters(request.query_params)
+            data = diagnosis(view)
+            return page(request, "diagnosis.html", data, page_name="diagnosis", choices=choices(), view=view)
+        except (ParamError, StoreError, QueryTimeout, duckdb.Error) as exc:
+            return fail(request, exc)
+
+    @app.get("/api/diagnosis")
+    def diagnosis_api(request: Request) -> Response:
+        try:
+            return JSONResponse(diagnosis(parse_view_filters(request.query_params)))
+        except (ParamError, StoreError, QueryTimeout, duckdb.Error) as exc:
+            return fail(request, exc)
+
+    def diagnosis(view: Any) -> dict[str, Any]:
+        with db.cursor() as cur:
+            filters = view.resolve(newest_start_ns(cur))
+            with time_limit(cur):
+                report = build_report(cur, filters)
+        return {"filters": view.query(), "window": view.window, "report": report}
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+def _steps_of_trace(cur: duckdb.DuckDBPyConnection, trace_id: str) -> list[dict[str, Any]]:
+    """Gives the engine steps that served any request of the trace, for the Chrome export."""
+    rows, _ = fetch_dicts(
+        cur,
+        "SELECT e.start_ns, e.duration_us, e.batch_size, e.prefill_tokens, e.decode_seqs, e.queue_depth, "
+        "e.kv_usage, true AS served FROM engine_steps e JOIN (SELECT request_id, start_ns, e2e_ms FROM requests "
+        "WHERE trace_id = ?) r ON list_contains(e.request_ids, r.request_id) "
+        "AND e.start_ns BETWEEN r.start_ns AND r.start_ns + CAST(r.e2e_ms * 1e6 AS BIGINT) ORDER BY e.start_ns",
+        [trace_id],
+        cap=20_000,
+    )
+    return rows
