@@ -24,7 +24,7 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
 
 def apply_token_times(summary: RequestSummary, offsets_ms: Sequence[float]) -> None:
     """Fills ITL percentiles, max, stall count and the gap list from token times."""
-    gaps = [b - a for a, b in zip(offsets_ms, offsets_ms[1:])]
+    gaps = [b - a for a, b in zip(offsets_ms, offsets_ms[1:], strict=False)]
     summary.itl_gaps_ms = gaps
     if not gaps:
         return

@@ -10,9 +10,10 @@ from dataclasses import asdict
 from typing import Any
 
 import duckdb
-
 from tokentrace.analyzer import queries
+from tokentrace.analyzer.diagnosis import diagnose
 from tokentrace.analyzer.filters import Filters
+
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 
 PERCENTILES = ("p50", "p90", "p95", "p99")
@@ -22,7 +23,7 @@ BUCKETS = ("network", "queue", "prefill", "decode")
 def _pcts(values: list[float] | None) -> dict[str, float | None]:
     if not values:
         return dict.fromkeys(PERCENTILES)
-    return {name: (None if v is None else round(float(v), 3)) for name, v in zip(PERCENTILES, values)}
+    return {name: (None if v is None else round(float(v), 3)) for name, v in zip(PERCENTILES, values, strict=False)}
 
 
 def run_query(
@@ -43,7 +44,7 @@ def itl_percentiles(conn: duckdb.DuckDBPyConnection, filters: Filters) -> dict[s
         return dict.fromkeys(PERCENTILES)
     out: dict[str, float | None] = {}
     bounds = ITL_BUCKET_BOUNDS_MS
-    for name, q in zip(PERCENTILES, (0.5, 0.9, 0.95, 0.99)):
+    for name, q in zip(PERCENTILES, (0.5, 0.9, 0.95, 0.99), strict=False):
         rank = q * total
         seen = 0
         for bucket, n in rows:
@@ -61,7 +62,7 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
     """Gives the report of the window: requests, latency, buckets, findings."""
     filters = filters or Filters()
     cols, rows = run_query(conn, "latency_percentiles", filters)
-    r = dict(zip(cols, rows[0]))
+    r = dict(zip(cols, rows[0], strict=False))
     e2e_total = r["e2e_total"] or 0.0
     buckets: dict[str, Any] = {}
     for b in BUCKETS:
@@ -96,6 +97,6 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
             "itl": itl_percentiles(conn, filters),
         },
         "buckets": buckets,
-        "findings": [],
+        "findings": diagnose(conn, filters) if r["requests"] else [],
     }
     return report

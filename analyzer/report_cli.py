@@ -8,6 +8,7 @@ import sys
 from tokentrace.analyzer.filters import Filters
 from tokentrace.analyzer.render import render_json, render_text
 from tokentrace.analyzer.report import build_report
+
 from tokentrace.store.connection import open_read_only
 
 RENDERERS = {"text": render_text, "json": render_json}

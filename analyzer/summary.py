@@ -16,6 +16,8 @@ FLAG_BUCKET_EXCEEDS_E2E = "bucket_exceeds_e2e"
 FLAG_SOURCES_DISAGREE = "sources_disagree"
 FLAG_NO_TOKEN_TIMES = "no_token_times"
 FLAG_ROOT_MISSING = "root_missing"
+#: Only the client side was traced: the wait before the first token is not split.
+FLAG_SERVER_UNSEEN = "server_unseen"
 
 
 @dataclass(slots=True)
@@ -54,7 +56,7 @@ class RequestSummary:
     error: bool = False
     gpu_util_mean: float | None = None
     gpu_mem_max_bytes: int | None = None
-    source: str = ""  # the span convention it came from: tokentrace, vllm, sglang, tgi, genai
+    source: str = ""  # the span convention it came from: tokentrace, vllm, sglang, tgi, genai_client
     flags: list[str] = field(default_factory=list)
     # filled by the collector at decision time
     kept: bool = False

@@ -2,17 +2,24 @@
 
 Each adapter module exposes ``NAME`` and ``summarize(trace: TraceView) ->
 list[RequestSummary]`` (empty when the trace holds no request of its
-convention).  `ADAPTERS` is tried in order; the first that yields wins.
+convention).  `ADAPTERS` is tried in order; the first that yields wins, so
+server-side conventions (which see the phases) come before the client-only one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from tokentrace.analyzer.conventions import tokentrace_sdk
+from tokentrace.analyzer.conventions import genai_client, sglang, tgi, tokentrace_sdk, vllm
 from tokentrace.analyzer.summary import RequestSummary
 from tokentrace.analyzer.trace_view import TraceView
 
 Adapter = Callable[[TraceView], list[RequestSummary]]
 
-ADAPTERS: Sequence[tuple[str, Adapter]] = ((tokentrace_sdk.NAME, tokentrace_sdk.summarize),)
+ADAPTERS: Sequence[tuple[str, Adapter]] = (
+    (tokentrace_sdk.NAME, tokentrace_sdk.summarize),
+    (vllm.NAME, vllm.summarize),
+    (sglang.NAME, sglang.summarize),
+    (tgi.NAME, tgi.summarize),
+    (genai_client.NAME, genai_client.summarize),
+)

@@ -1,0 +1,101 @@
+"""Adapter for client-side LLM spans when no server convention is in the trace.
+
+Understands OpenTelemetry GenAI client spans (kind CLIENT,
+`gen_ai.operation.name`, `gen_ai.usage.*`, `gen_ai.response.time_to_first_chunk`),
+OpenInference LLM spans with their `"First Token Stream Event"`, OpenLLMetry's
+per-chunk events (user-side token times), and plain HTTP server spans beneath
+them.  With a server span, network = client − server duration.  Without
+server-side phases the wait before the first token cannot be split between
+queue and prefill: it is counted as prefill and the request is flagged
+`server_unseen`.
+"""
+
+from __future__ import annotations
+
+from tokentrace.analyzer import summary as s
+from tokentrace.analyzer.buckets import NS_PER_MS, partition
+from tokentrace.analyzer.conventions._common import (
+    CHUNK_EVENTS,
+    FIRST_TOKEN_EVENT,
+    attr_any,
+    build_summary,
+    client_token_offsets_ms,
+    client_ttft_ms,
+    to_int,
+)
+from tokentrace.analyzer.spans import KIND_CLIENT, KIND_SERVER, Span
+from tokentrace.analyzer.trace_view import TraceView
+from tokentrace.instrumentation import semconv as sc
+
+NAME = "genai_client"
+LLM_MARKERS = (sc.OPERATION_NAME, "llm.request.type", "gen_ai.system", "llm.model_name")
+INPUT_TOKENS = (sc.PROMPT_TOKENS, "gen_ai.usage.prompt_tokens", "llm.token_count.prompt", "llm.usage.prompt_tokens")
+OUTPUT_TOKENS = (sc.OUTPUT_TOKENS, "gen_ai.usage.completion_tokens", "llm.token_count.completion", "llm.usage.completion_tokens")
+MODEL_KEYS = ("llm.model_name", "llm.request.model")
+
+
+def _is_llm_client(span: Span) -> bool:
+    if span.name == sc.SPAN_CLIENT:
+        return True
+    if span.attributes.get("openinference.span.kind") == "LLM":
+        return True
+    if any(e.name in CHUNK_EVENTS or e.name == FIRST_TOKEN_EVENT for e in span.events):
+        return True
+    return span.kind == KIND_CLIENT and any(k in span.attributes for k in LLM_MARKERS)
+
+
+def summarize(trace: TraceView) -> list[s.RequestSummary]:
+    clients = [x for x in trace.spans if _is_llm_client(x)]
+    # the outermost LLM client span is the user's request (wrappers nest)
+    ids = {c.span_id for c in clients}
+    outer = [c for c in clients if not any(a.span_id in ids for a in trace.ancestors(c))]
+    return [_summarize(trace, c) for c in outer]
+
+
+def _server_below(trace: TraceView, client: Span) -> Span | None:
+    servers = [d for d in trace.descendants(client) if d.kind == KIND_SERVER]
+    # the outermost server span: the earliest start, then the longest
+    return min(servers, key=lambda x: (x.start_ns, -x.duration_ns), default=None)
+
+
+def _summarize(trace: TraceView, client: Span) -> s.RequestSummary:
+    offsets = client_token_offsets_ms(client)
+    ttft_client = client_ttft_ms(client)
+    server = _server_below(trace, client)
+    client_ns = client.duration_ns
+    server_ns = server.duration_ns if server is not None else client_ns
+    network_ns = client_ns - server_ns if server is not None else 0
+    decode_ns = round((offsets[-1] - offsets[0]) * NS_PER_MS) if len(offsets) > 1 else 0
+    # the first-token wait as the server lived it: the user's TTFT minus the wire
+    # (both ways, an upper bound of the one-way part, so prefill is never overstated)
+    prefill_ns = 0
+    if ttft_client is not None:
+        prefill_ns = max(0, round(ttft_client * NS_PER_MS) - max(0, network_ns))
+    part = partition(
+        server_ns=server_ns,
+        client_ns=client_ns if server is not None else None,
+        prefill_ns=prefill_ns,
+        decode_ns=decode_ns,
+    )
+    flags = [s.FLAG_SERVER_UNSEEN]
+    if not offsets:
+        flags.append(s.FLAG_NO_TOKEN_TIMES)
+    root = server if server is not None else client
+    summary = build_summary(
+        trace,
+        root,
+        part,
+        source=NAME,
+        request_id=str(attr_any(client, ("gen_ai.response.id", sc.REQUEST_ID)) or client.span_id),
+        related=[client],
+        client=None,
+        ttft_ms=None,
+        prompt_tokens=to_int(attr_any(client, INPUT_TOKENS)),
+        output_tokens=to_int(attr_any(client, OUTPUT_TOKENS)) or (len(offsets) or None),
+        token_offsets_ms=offsets,
+        flags=flags,
+        extra_model_keys=MODEL_KEYS,
+    )
+    summary.start_ns = client.start_ns
+    summary.ttft_client_ms = ttft_client
+    return summary

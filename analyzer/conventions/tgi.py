@@ -1,0 +1,101 @@
+"""Adapter for Hugging Face TGI's router spans (DESIGN.md §3).
+
+The handler span (`generate`, `generate_stream`, `chat_completions`,
+`completions`; kind INTERNAL) carries Rust `Duration` Debug strings:
+`total_time`, `validation_time`, `queue_time`, `inference_time`,
+`time_per_token`.  Under it, `queued` is the queue wait and there is one
+`infer` span per forward step, the first being the prefill.  TGI records no
+TTFT; it is the end of the first `infer` step.  Batches are separate traces
+linked from `infer` (see `analyzer/engine_steps.py`).
+"""
+
+from __future__ import annotations
+
+from tokentrace.analyzer import summary as s
+from tokentrace.analyzer.buckets import NS_PER_MS, partition
+from tokentrace.analyzer.conventions._common import agree, build_summary, rust_duration_ns, to_int
+from tokentrace.analyzer.spans import Span
+from tokentrace.analyzer.trace_view import TraceView
+
+NAME = "tgi"
+HANDLERS = frozenset({"generate", "generate_stream", "chat_completions", "completions"})
+SPAN_QUEUED = "queued"
+SPAN_INFER = "infer"
+TOTAL = "total_time"
+VALIDATION = "validation_time"
+QUEUE = "queue_time"
+INFERENCE = "inference_time"
+PER_TOKEN = "time_per_token"
+TIMING_KEYS = (TOTAL, QUEUE, INFERENCE)
+
+
+def summarize(trace: TraceView) -> list[s.RequestSummary]:
+    out = []
+    for x in trace.spans:
+        if x.name in HANDLERS and any(k in x.attributes for k in TIMING_KEYS):
+            # chat_completions calls generate_stream inside: summarize the outermost only
+            if not any(a.name in HANDLERS for a in trace.ancestors(x)):
+                out.append(_summarize(trace, x))
+    return out
+
+
+def _summarize(trace: TraceView, handler: Span) -> s.RequestSummary:
+    a: dict[str, object] = {}
+    below = list(trace.descendants(handler))
+    # the timing fields may sit on a nested handler (chat_completions → generate_stream)
+    for span in [*(x for x in below if x.name in HANDLERS), handler]:
+        a.update({k: v for k, v in span.attributes.items() if k in (TOTAL, VALIDATION, QUEUE, INFERENCE, PER_TOKEN)})
+    flags: list[str] = []
+    total_ns = rust_duration_ns(a.get(TOTAL))
+    server_ns = handler.duration_ns
+    if total_ns is not None and not agree(total_ns, server_ns):
+        flags.append(s.FLAG_SOURCES_DISAGREE)
+    infers = sorted((x for x in below if x.name == SPAN_INFER), key=lambda x: x.start_ns)
+    queued = [x for x in below if x.name == SPAN_QUEUED]
+    inference_ns = rust_duration_ns(a.get(INFERENCE))
+    per_token_ns = rust_duration_ns(a.get(PER_TOKEN))
+    ttft_ns: int | None = None
+    offsets_ms: list[float] = []
+    if infers:
+        prefill_ns = infers[0].duration_ns
+        decode_ns = infers[-1].end_ns - infers[0].end_ns
+        ttft_ns = infers[0].end_ns - handler.start_ns
+        # each infer step ends with one token: server-side token times
+        offsets_ms = [(x.end_ns - handler.start_ns) / NS_PER_MS for x in infers]
+        output_tokens: int | None = len(infers)
+    else:
+        flags.append(s.FLAG_NO_TOKEN_TIMES)
+        output_tokens = None
+        if inference_ns is not None and per_token_ns:
+            # TGI's time_per_token = inference_time / generated tokens
+            output_tokens = max(1, round(inference_ns / per_token_ns))
+        prefill_ns = per_token_ns or 0
+        decode_ns = max(0, (inference_ns or 0) - prefill_ns)
+    queue_ns = sum(x.duration_ns for x in queued) if queued else rust_duration_ns(a.get(QUEUE)) or 0
+    if queued and QUEUE in a and not agree(queue_ns, rust_duration_ns(a.get(QUEUE)) or 0):
+        flags.append(s.FLAG_SOURCES_DISAGREE)
+    client = trace.client_span_of(handler)
+    part = partition(
+        server_ns=server_ns,
+        client_ns=client.duration_ns if client is not None else None,
+        prefill_ns=prefill_ns,
+        decode_ns=decode_ns,
+        queue_wait_ns=queue_ns,
+        tokenize_ns=rust_duration_ns(a.get(VALIDATION)) or 0,
+    )
+    prompt = to_int(handler.attributes.get("gen_ai.usage.input_tokens"))
+    out_attr = to_int(handler.attributes.get("gen_ai.usage.output_tokens"))
+    return build_summary(
+        trace,
+        handler,
+        part,
+        source=NAME,
+        request_id=str(handler.attributes.get("request_id") or ""),
+        related=below,
+        client=client,
+        ttft_ms=None if ttft_ns is None else ttft_ns / NS_PER_MS,
+        prompt_tokens=prompt,
+        output_tokens=out_attr if out_attr is not None else output_tokens,
+        token_offsets_ms=offsets_ms,
+        flags=flags,
+    )

@@ -1,0 +1,169 @@
+"""What every diagnosis signal shares: the window, its baseline numbers, the finding record.
+
+A signal module exposes ``COMPLAINT`` and ``detect(ctx: Context) -> Finding |
+None``.  Thresholds are relative (shares and ratios against a baseline from
+the same window) with a small absolute floor, so they hold on real, noisy
+traffic and not only on synthetic shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import duckdb
+from tokentrace.analyzer import queries
+from tokentrace.analyzer.filters import Filters
+
+#: Fewer requests than this in a window: no statistics worth a finding.
+MIN_REQUESTS = 30
+MAX_AFFECTED = 1000
+MAX_EXAMPLES = 5
+#: Time slices per window for the per-slice signals (arrival rate, load).
+TARGET_SLICES = 60
+MIN_SLICE_NS = 1_000_000_000
+
+#: What to fix first, per complaint (DESIGN.md §5).
+FIX_FIRST: dict[str, str] = {
+    "tiny_prompts_slow": "Check the serving region against your users, kill cross-region hops, cap queue depth.",
+    "bad_in_production": "Separate production traffic, scale earlier, tighten concurrency limits.",
+    "long_wait_then_fast": "Shrink prompts, cap RAG context, reduce pre-fill batching.",
+    "stutter": "Reduce decode batching, separate long and short requests.",
+    "peak_hours": "Lower the batch delay, add priority queues, scale up faster.",
+    "big_tenants_slower": "Isolate tenants (per-tenant queues or limits), split background jobs off.",
+    "batch_mode_breaks_live": "Use batch mode only where humans are not waiting; give live traffic its own queue.",
+    "cold_start": "Warm instances before they take traffic (load weights, run a dummy request), keep a minimum of warm replicas.",
+    "gpu_saturation": "Add GPU capacity or cut work per request (shorter outputs, smaller model, quantization).",
+    "kv_cache_pressure": "Give the KV cache more memory (gpu memory utilization, fewer max sequences), cap context length.",
+}
+
+TITLES: dict[str, str] = {
+    "tiny_prompts_slow": "It's slow even for tiny prompts",
+    "bad_in_production": "It feels fine locally but bad in production",
+    "long_wait_then_fast": "Nothing happens for a while, then it answers fast",
+    "stutter": "It starts responding, then freezes or stutters",
+    "peak_hours": "Latency explodes at peak hours",
+    "big_tenants_slower": "Big customers feel slower than small ones",
+    "batch_mode_breaks_live": "Cheaper batch mode works, live mode feels broken",
+    "cold_start": "First requests after start, deploy or idle are slow",
+    "gpu_saturation": "The GPU is saturated",
+    "kv_cache_pressure": "KV-cache memory is under pressure",
+}
+
+
+@dataclass(slots=True)
+class Finding:
+    complaint: str
+    confidence: float
+    #: share of the window's end-to-end time (0..1) the problem touches: ranks findings
+    impact: float
+    evidence: list[dict[str, Any]]
+    affected_trace_ids: list[str] = field(default_factory=list)
+    example_traces: list[str] = field(default_factory=list)
+
+    @property
+    def score(self) -> float:
+        # low-impact findings (cold starts) still rank by how sure we are
+        return self.confidence * (0.5 + 0.5 * min(1.0, self.impact))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "complaint": self.complaint,
+            "title": TITLES[self.complaint],
+            "confidence": round(self.confidence, 3),
+            "evidence": self.evidence,
+            "example_traces": self.example_traces,
+            "fix_first": FIX_FIRST[self.complaint],
+            "affected_trace_ids": self.affected_trace_ids,
+        }
+
+
+def clamp01(x: float) -> float:
+    return 0.0 if x != x else max(0.0, min(1.0, x))
+
+
+def confidence(strength: float, n: int, full_n: int = 200) -> float:
+    """Gives a 0..1 confidence from how far past its threshold a signal is (strength ≥ 0) and n."""
+    effect = 0.55 + 0.4 * (1.0 - math.exp(-max(0.0, strength)))
+    support = min(1.0, math.sqrt(max(n, 0) / full_n))
+    return round(clamp01(effect * (0.6 + 0.4 * support)), 3)
+
+
+def pct(x: float | None) -> str:
+    return "—" if x is None else f"{x * 100:.0f} %"
+
+
+def ms(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return f"{x / 1000:.2f} s" if x >= 1000 else f"{x:.0f} ms"
+
+
+def ev(text: str, **numbers: Any) -> dict[str, Any]:
+    """One piece of evidence: a sentence and the numbers in it."""
+    clean = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in numbers.items()}
+    return {"text": text, **clean}
+
+
+class Context:
+    """One window of requests: the filtered `req` CTE and shared numbers, computed once."""
+
+    def __init__(self, conn: duckdb.DuckDBPyConnection, filters: Filters) -> None:
+        self.conn = conn
+        self.filters = filters
+        self.cte, self.params = filters.cte()
+
+    def query(self, name: str, extra: list[Any] | None = None) -> list[dict[str, Any]]:
+        """Runs named query `name` over `req`; gives rows as dicts."""
+        cur = self.conn.execute(f"{self.cte}\n{queries.load(name)}", self.params + (extra or []))
+        cols = [d[0] for d in cur.description or []]
+        return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+
+    def one(self, name: str, extra: list[Any] | None = None) -> dict[str, Any]:
+        rows = self.query(name, extra)
+        return rows[0] if rows else {}
+
+    @cached_property
+    def overview(self) -> dict[str, Any]:
+        return self.one("diag_overview")
+
+    @property
+    def count(self) -> int:
+        return int(self.overview.get("n") or 0)
+
+    @cached_property
+    def slice_ns(self) -> int:
+        """Length of one time slice: about TARGET_SLICES per window, at least a second."""
+        span = int(self.overview.get("span_ns") or 0)
+        raw = max(MIN_SLICE_NS, span // TARGET_SLICES)
+        # round to a whole second, or minute, so the evidence reads naturally
+        unit = 60 * 10**9 if raw >= 60 * 10**9 else 10**9
+        return max(unit, raw // unit * unit)
+
+    def slice_label(self) -> str:
+        sec = self.slice_ns / 1e9
+        return f"{sec / 60:.0f}-minute" if sec >= 60 else f"{sec:.0f}-second"
+
+    @property
+    def time_bounds(self) -> tuple[int, int]:
+        """Gives the window's time range on the server side (for steps and GPU samples)."""
+        o = self.overview
+        return int(o.get("first_ns") or 0), int(o.get("last_end_ns") or 0)
+
+    def traces(self, rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+        """Gives (affected trace ids, kept example trace ids) from rows of trace_id, kept."""
+        affected: list[str] = []
+        seen: set[str] = set()
+        examples: list[str] = []
+        for r in rows:
+            tid = r["trace_id"]
+            if tid in seen:
+                continue
+            seen.add(tid)
+            if len(affected) < MAX_AFFECTED:
+                affected.append(tid)
+            if r.get("kept") and len(examples) < MAX_EXAMPLES:
+                examples.append(tid)
+        return affected, examples

@@ -1,0 +1,83 @@
+"""`batch_mode_breaks_live`: aggressive batching stretches live requests' TTFT and ITL."""
+
+from __future__ import annotations
+
+from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms
+
+COMPLAINT = "batch_mode_breaks_live"
+MIN_PER_SIDE = 10
+MIN_RATIO = 1.5
+MIN_TTFT_GAIN_MS = 100.0
+#: without a batch-free baseline, steps this large under live requests are "aggressive"
+LARGE_BATCH = 32
+
+
+def _ratio(a: float | None, b: float | None) -> float:
+    if a is None or b is None or b <= 0:
+        return 0.0
+    return a / b
+
+
+def detect(ctx: Context) -> Finding | None:
+    if (ctx.overview.get("classes") or 0) < 2:
+        return None
+    rows = {r["with_batch"]: r for r in ctx.query("diag_batch_mode", [ctx.slice_ns, ctx.slice_ns])}
+    under, alone = rows.get(True), rows.get(False)
+    if not under or under["n"] < MIN_PER_SIDE:
+        return None
+    lo, hi = ctx.time_bounds
+    steps = ctx.one("diag_batch_steps", [lo, hi])
+    evidence = []
+    strength = 0.0
+    if alone and alone["n"] >= MIN_PER_SIDE:
+        tr = _ratio(under["ttft_p50"], alone["ttft_p50"])
+        pr = _ratio(under["tpot_p50"], alone["tpot_p50"])
+        gain = (under["ttft_p50"] or 0.0) - (alone["ttft_p50"] or 0.0)
+        if max(tr, pr) < MIN_RATIO or (tr >= pr and gain < MIN_TTFT_GAIN_MS):
+            return None
+        evidence.append(
+            ev(
+                f"live requests while batch jobs run: TTFT p50 {ms(under['ttft_p50'])} vs "
+                f"{ms(alone['ttft_p50'])} without them; TPOT p50 {ms(under['tpot_p50'])} vs {ms(alone['tpot_p50'])}",
+                ttft_p50_ms=under["ttft_p50"], baseline_ttft_p50_ms=alone["ttft_p50"],
+                tpot_p50_ms=under["tpot_p50"], baseline_tpot_p50_ms=alone["tpot_p50"],
+                requests=under["n"], baseline_requests=alone["n"],
+            )
+        )
+        evidence.append(
+            ev(
+                f"their queue wait p50 {ms(under['queue_wait_p50'])} vs {ms(alone['queue_wait_p50'])}",
+                queue_wait_p50_ms=under["queue_wait_p50"],
+                baseline_queue_wait_p50_ms=alone["queue_wait_p50"],
+            )
+        )
+        strength = (max(tr, pr) - MIN_RATIO) / 1.5
+    elif steps.get("steps") and (steps["batch_p50"] or 0) >= LARGE_BATCH:
+        evidence.append(
+            ev(
+                f"batch traffic never stops; live requests run in batches of {steps['batch_p50']:.0f} "
+                f"(max {steps['batch_max']}), TTFT p50 {ms(under['ttft_p50'])}, TPOT p50 {ms(under['tpot_p50'])}",
+                batch_p50=steps["batch_p50"], batch_max=steps["batch_max"],
+                ttft_p50_ms=under["ttft_p50"], tpot_p50_ms=under["tpot_p50"],
+            )
+        )
+        strength = (steps["batch_p50"] - LARGE_BATCH) / LARGE_BATCH
+    else:
+        return None
+    if steps.get("steps"):
+        evidence.append(
+            ev(
+                f"engine steps holding live requests: batch size p50 {steps['batch_p50']:.0f}, max {steps['batch_max']}",
+                batch_p50=steps["batch_p50"], batch_max=steps["batch_max"],
+            )
+        )
+    affected, examples = ctx.traces(ctx.query("affected_batch_mode", [ctx.slice_ns, ctx.slice_ns]))
+    total = float(ctx.overview.get("e2e_total") or 1.0)
+    return Finding(
+        COMPLAINT,
+        min(0.99, confidence(strength, under["n"]) + 0.05),
+        impact=(under["e2e_total"] or 0.0) / total + 0.3,
+        evidence=evidence,
+        affected_trace_ids=affected,
+        example_traces=examples,
+    )

@@ -1,0 +1,63 @@
+"""`long_wait_then_fast`: pre-fill is expensive; the first token is late, the rest streams fast."""
+
+from __future__ import annotations
+
+from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms, pct
+
+COMPLAINT = "long_wait_then_fast"
+MIN_REQUESTS = 20
+MIN_TTFT_MS = 250.0
+#: the wait must be mostly pre-fill (not queue), and long against one decode step
+MIN_PREFILL_SHARE_OF_TTFT = 0.5
+MIN_TTFT_PER_TPOT = 10.0
+
+
+def detect(ctx: Context) -> Finding | None:
+    r = ctx.one("diag_prefill")
+    n = int(r.get("n") or 0)
+    if n < MIN_REQUESTS:
+        return None
+    ttft, tpot = r["ttft_p50"] or 0.0, r["tpot_p50"]
+    share = r["prefill_share_of_ttft"] or 0.0
+    if ttft < MIN_TTFT_MS or share < MIN_PREFILL_SHARE_OF_TTFT:
+        return None
+    if tpot is not None and ttft < MIN_TTFT_PER_TPOT * tpot:
+        return None
+    evidence = [
+        ev(
+            f"TTFT p50 {ms(ttft)} (p90 {ms(r['ttft_p90'])}), {pct(share)} of it pre-fill; "
+            f"pre-fill is {pct(r['prefill_share'])} of all E2E time",
+            ttft_p50_ms=ttft, ttft_p90_ms=r["ttft_p90"], prefill_share_of_ttft=share,
+            prefill_share=r["prefill_share"], requests=n,
+        ),
+    ]
+    if tpot is not None:
+        evidence.append(
+            ev(
+                f"after the first token it streams at {ms(tpot)} per token: the wait is {ttft / max(tpot, 1e-9):.0f}× one decode step",
+                tpot_p50_ms=tpot, ttft_per_tpot=ttft / max(tpot, 1e-9),
+            )
+        )
+    corr = r["prompt_ttft_corr"]
+    if r["ttft_long_p50"] is not None and r["ttft_short_p50"] is not None and r["long_tokens"]:
+        evidence.append(
+            ev(
+                f"TTFT grows with prompt size: p50 {ms(r['ttft_long_p50'])} for prompts ≥ {r['long_tokens']} "
+                f"tokens vs {ms(r['ttft_short_p50'])} for ≤ {r['short_tokens']}"
+                + (f" (correlation {corr:.2f})" if corr is not None else ""),
+                ttft_long_p50_ms=r["ttft_long_p50"], ttft_short_p50_ms=r["ttft_short_p50"],
+                long_prompt_tokens=r["long_tokens"], short_prompt_tokens=r["short_tokens"],
+                prompt_ttft_corr=corr,
+            )
+        )
+    affected, examples = ctx.traces(ctx.query("affected_long_wait_then_fast", [MIN_TTFT_MS]))
+    strength = (share - MIN_PREFILL_SHARE_OF_TTFT) / 0.2 + min(1.0, ttft / 1000.0)
+    strength += max(0.0, corr or 0.0)
+    return Finding(
+        COMPLAINT,
+        confidence(strength, n),
+        impact=r["prefill_share"] or 0.0,
+        evidence=evidence,
+        affected_trace_ids=affected,
+        example_traces=examples,
+    )

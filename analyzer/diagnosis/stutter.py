@@ -1,0 +1,59 @@
+"""`stutter`: decode is interrupted; streams freeze, often while large prefills run beside them."""
+
+from __future__ import annotations
+
+from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms, pct
+from tokentrace.analyzer.itl import STALL_FACTOR, STALL_MIN_MS
+
+COMPLAINT = "stutter"
+MIN_STREAMS = 20
+MIN_STALLED_FRACTION = 0.08
+#: a prefill step is "large" at the window's p90 of prefill sizes, and never below this
+MIN_LARGE_PREFILL_TOKENS = 256
+
+
+def detect(ctx: Context) -> Finding | None:
+    r = ctx.one("diag_stutter")
+    n = int(r.get("n") or 0)
+    if n < MIN_STREAMS:
+        return None
+    stalled = int(r["stalled"] or 0)
+    frac = stalled / n
+    if frac < MIN_STALLED_FRACTION:
+        return None
+    evidence = [
+        ev(
+            f"{pct(frac)} of streams froze at least once (a gap > {STALL_FACTOR:.0f}× the stream's "
+            f"median and ≥ {STALL_MIN_MS:.0f} ms); the typical gap is {ms(r['itl_p50'])}, stalled "
+            f"streams' longest gap p50 {ms(r['stalled_max_p50'])}",
+            stalled_fraction=frac, streams=n, stalled=stalled, itl_p50_ms=r["itl_p50"],
+            stalled_itl_max_p50_ms=r["stalled_max_p50"], itl_max_p95_ms=r["itl_max_p95"],
+        )
+    ]
+    strength = (frac - MIN_STALLED_FRACTION) / 0.1
+    lo, hi = ctx.time_bounds
+    steps = ctx.one("diag_step_prefill", [lo, hi])
+    if steps.get("steps"):
+        large = max(MIN_LARGE_PREFILL_TOKENS, int(steps["p90"] or 0))
+        rows = {x["stalled"]: x for x in ctx.query("diag_stutter_steps", [large, lo, hi])}
+        s, smooth = rows.get(True), rows.get(False)
+        if s and smooth and s["n"] and smooth["n"]:
+            fs, fm = s["overlapped"] / s["n"], smooth["overlapped"] / smooth["n"]
+            evidence.append(
+                ev(
+                    f"{pct(fs)} of stalled streams decoded while a prefill of ≥ {large} tokens ran "
+                    f"in the same engine vs {pct(fm)} of smooth streams",
+                    stalled_with_large_prefill=fs, smooth_with_large_prefill=fm,
+                    large_prefill_tokens=large,
+                )
+            )
+            strength += max(0.0, (fs - fm) / 0.3)
+    affected, examples = ctx.traces(ctx.query("affected_stutter"))
+    return Finding(
+        COMPLAINT,
+        confidence(strength, n),
+        impact=max(frac, float(r["stalled_decode_share"] or 0.0)),
+        evidence=evidence,
+        affected_trace_ids=affected,
+        example_traces=examples,
+    )

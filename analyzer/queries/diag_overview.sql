@@ -1,0 +1,12 @@
+-- Window-wide numbers every diagnosis signal compares against.
+SELECT
+    count(*)                                                    AS n,
+    min(start_ns)                                               AS first_ns,
+    max(start_ns + CAST(e2e_ms * 1e6 AS BIGINT))                AS last_end_ns,
+    max(start_ns) - min(start_ns)                               AS span_ns,
+    sum(e2e_ms)                                                 AS e2e_total,
+    sum(queue_ms) / nullif(sum(e2e_ms), 0)                      AS queue_share,
+    sum(coalesce(network_ms, 0)) / nullif(sum(e2e_ms), 0)       AS network_share,
+    median(e2e_ms)                                              AS e2e_p50,
+    count(DISTINCT traffic_class)                               AS classes
+FROM req

@@ -1,0 +1,25 @@
+-- Bucket shares by prompt size: the smallest prompts (bottom quarter, at most ? tokens)
+-- against the rest.  Medians of per-request shares resist a few busy minutes.
+WITH cut AS (
+    SELECT least(quantile_disc(prompt_tokens, 0.25), ?) AS tokens
+    FROM req WHERE prompt_tokens IS NOT NULL
+),
+r AS (
+    SELECT req.*, (req.prompt_tokens <= cut.tokens) AS tiny,
+           (coalesce(network_ms, 0) + queue_ms) / nullif(e2e_ms, 0) AS overhead_share
+    FROM req, cut
+    WHERE req.prompt_tokens IS NOT NULL AND e2e_ms > 0
+)
+SELECT
+    tiny,
+    any_value(cut.tokens)                                       AS cut_tokens,
+    count(*)                                                    AS n,
+    median(overhead_share)                                      AS overhead_share,
+    median(coalesce(network_ms, 0) + queue_ms)                  AS overhead_p50,
+    median(coalesce(network_ms, 0))                             AS network_p50,
+    median(queue_ms)                                            AS queue_p50,
+    median(prefill_ms + decode_ms)                              AS compute_p50,
+    median(e2e_ms)                                              AS e2e_p50,
+    sum(e2e_ms)                                                 AS e2e_total
+FROM r, cut
+GROUP BY tiny

@@ -1,0 +1,138 @@
+"""Each convention's spans give the buckets they were built with (within 1 ms or 1 %)."""
+
+from __future__ import annotations
+
+import pytest
+from tokentrace.analyzer import summary as s
+from tokentrace.analyzer.attribution import summarize_trace
+from tokentrace.analyzer.conventions._common import rust_duration_ns
+
+from . import spanfactory as f
+
+
+def _close(actual: float | None, expected: float | None) -> bool:
+    if expected is None:
+        return actual is None
+    assert actual is not None
+    return abs(actual - expected) <= max(1.0, 0.01 * abs(expected))
+
+
+def _check(spans: list, truth: f.Truth, source: str) -> s.RequestSummary:
+    result = summarize_trace(spans)
+    assert len(result.requests) == 1
+    r = result.requests[0]
+    assert r.source == source
+    got = (r.e2e_ms, r.queue_ms, r.prefill_ms, r.decode_ms, r.network_ms)
+    want = (truth.e2e, truth.queue, truth.prefill, truth.decode, truth.network)
+    assert all(_close(g, w) for g, w in zip(got, want, strict=True)), (got, want)
+    total = r.queue_ms + r.prefill_ms + r.decode_ms + (r.network_ms or 0.0)
+    assert total == pytest.approx(r.e2e_ms, abs=1e-6)
+    if truth.ttft is not None:
+        assert _close(r.ttft_ms, truth.ttft)
+    return r
+
+
+@pytest.mark.parametrize("wire", [None, 42.0])
+def test_vllm_buckets(wire: float | None) -> None:
+    spans, truth = f.vllm_trace(120.0, 340.0, 900.0, tokens=31, wire=wire)
+    r = _check(spans, truth, "vllm")
+    assert r.queue_wait_ms == pytest.approx(120.0)
+    assert r.tpot_ms == pytest.approx(30.0)
+    assert r.output_tokens == 31 and r.prompt_tokens == 100
+    assert r.model == "llama" and r.instance == "4242"
+    assert s.FLAG_SOURCES_DISAGREE not in r.flags
+
+
+def test_vllm_span_and_attribute_disagree_is_flagged() -> None:
+    spans, _ = f.vllm_trace(10.0, 50.0, 200.0, disagree=True)
+    (r,) = summarize_trace(spans).requests
+    assert s.FLAG_SOURCES_DISAGREE in r.flags
+
+
+@pytest.mark.parametrize("wire", [None, 80.0])
+def test_sglang_queue_comes_from_prefill_waiting(wire: float | None) -> None:
+    spans, truth = f.sglang_trace(4.0, 250.0, 60.0, 300.0, wire=wire)
+    r = _check(spans, truth, "sglang")
+    # time_in_model_prefill (310 ms) includes the wait; prefill itself is 60 ms
+    assert r.queue_wait_ms == pytest.approx(250.0)
+    assert r.tokenize_ms == pytest.approx(4.0)
+    assert r.request_id == spans[0].trace_id[:8]
+
+
+def test_sglang_attributes_only() -> None:
+    spans, truth = f.sglang_trace(0.0, 250.0, 60.0, 300.0, other=0.0)
+    (r,) = summarize_trace(spans[:1]).requests
+    assert _close(r.prefill_ms, 60.0) and _close(r.queue_ms, 250.0) and _close(r.decode_ms, 300.0)
+
+
+@pytest.mark.parametrize("handler", ["generate", "generate_stream", "chat_completions", "completions"])
+@pytest.mark.parametrize("wire", [None, 15.0])
+def test_tgi_buckets(handler: str, wire: float | None) -> None:
+    spans, truth = f.tgi_trace(0.8, 400.0, 120.0, 25.0, 12, handler=handler, wire=wire)
+    r = _check(spans, truth, "tgi")
+    assert r.queue_wait_ms == pytest.approx(400.0, abs=0.01)
+    assert r.tokenize_ms == pytest.approx(0.8, abs=0.01)
+    assert r.output_tokens == 12
+    assert r.itl_p50_ms == pytest.approx(25.0, abs=0.01)
+
+
+def test_tgi_attributes_only() -> None:
+    spans, truth = f.tgi_trace(1.0, 200.0, 100.0, 20.0, 10, attrs_only=True)
+    r = _check(spans, truth, "tgi")
+    assert r.output_tokens == 10
+
+
+@pytest.mark.parametrize(
+    ("text", "ns"),
+    [("3.104512345s", 3_104_512_345), ("12.3ms", 12_300_000), ("123.456µs", 123_456),
+     ("123.456us", 123_456), ("789ns", 789), ("2m", 120 * 10**9)],
+)
+def test_rust_durations(text: str, ns: int) -> None:
+    assert rust_duration_ns(text) == ns
+
+
+def test_rust_duration_rejects_garbage() -> None:
+    assert rust_duration_ns("soon") is None
+    assert rust_duration_ns(None) is None
+
+
+@pytest.mark.parametrize("style", ["openllmetry", "openllmetry_old", "openinference", "genai"])
+def test_client_only_conventions(style: str) -> None:
+    spans, truth = f.genai_client_trace(450.0, 20.0, 11, style=style)
+    (r,) = summarize_trace(spans).requests
+    assert r.source == "genai_client"
+    assert r.ttft_client_ms == pytest.approx(450.0)
+    assert r.network_ms is None
+    assert s.FLAG_SERVER_UNSEEN in r.flags
+    assert r.output_tokens == 11
+    if style.startswith("openllmetry"):
+        assert _close(r.decode_ms, 200.0) and r.itl_p50_ms == pytest.approx(20.0)
+    assert r.model == "gpt-x"
+
+
+def test_client_with_plain_http_server_gives_network() -> None:
+    spans, truth = f.genai_client_trace(450.0, 20.0, 11, server_ms=500.0)
+    r = _check(spans, truth, "genai_client")
+    assert _close(r.network_ms, truth.network)
+
+
+def test_client_ttft_before_server_ttft_is_flagged() -> None:
+    spans, _ = f.vllm_trace(100.0, 200.0, 300.0, wire=20.0)
+    client = spans[1]
+    client.attributes["gen_ai.response.time_to_first_chunk"] = 0.05  # 50 ms < server 300 ms
+    (r,) = summarize_trace(spans).requests
+    assert s.FLAG_SOURCES_DISAGREE in r.flags
+
+
+def test_tenant_traffic_env_and_model_from_any_span() -> None:
+    spans, _ = f.vllm_trace(1.0, 2.0, 3.0, wire=1.0)
+    spans[1].attributes["tenant.id"] = "acme"
+    spans[1].attributes["tokentrace.traffic_class"] = "batch"
+    spans[0].resource["deployment.environment.name"] = "production"
+    (r,) = summarize_trace(spans).requests
+    assert (r.tenant, r.traffic_class, r.environment) == ("acme", "batch", "production")
+
+
+def test_unknown_spans_give_no_request() -> None:
+    spans = [f.span(f.new_id(32), "SELECT users", 0, 5)]
+    assert summarize_trace(spans).requests == []
