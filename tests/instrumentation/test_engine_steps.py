@@ -24,8 +24,8 @@ def _run_steps() -> None:
         step.decode("req-b")
     now = time.time_ns()
     tt.record_step(
-        start_ns=now - 3_000_000,
-        end_ns=now,
+        start_ns=now,
+        end_ns=now + 3_000_000,
         prefill_tokens=0,
         decode_seqs=1,
         batch_size=1,

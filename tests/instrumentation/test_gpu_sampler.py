@@ -1,0 +1,198 @@
+"""GPU sampler: injected fake NVML backend, OTLP metrics export, request GPU summaries; real NVML on GPUs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tokentrace.instrumentation import _gpu
+from tokentrace.instrumentation import semconv as sc
+
+from tests.conftest import free_port
+from tokentrace import instrumentation as tt
+from tokentrace.store.connection import open_read_only
+
+GIB = 1 << 30
+
+
+class FakeNvml:
+    """Two GPUs whose utilization steps 10, 20, 30 … per read."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.closed = False
+
+    def device_count(self) -> int:
+        return 2
+
+    def read(self, index: int) -> _gpu.GpuReading:
+        self.reads += 1
+        return _gpu.GpuReading(10.0 * self.reads, (index + 1) * GIB + self.reads, 80 * GIB, 1410.0, 250.5)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class MetricsReceiver:
+    """An OTLP/HTTP metrics endpoint on 127.0.0.1 that keeps what it is sent."""
+
+    def __init__(self) -> None:
+        self.bodies: list[ExportMetricsServiceRequest] = []
+        received = self.bodies
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.path == "/v1/metrics":
+                    received.append(ExportMetricsServiceRequest.FromString(body))
+                self.send_response(200 if self.path == "/v1/metrics" else 404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[MetricsReceiver]:
+    r = MetricsReceiver()
+    tt.configure(endpoint=r.url, service_name="gpu-test", exporter=InMemorySpanExporter())
+    yield r
+    tt.shutdown()
+    r.close()
+
+
+def test_samples_ship_as_otlp_gauges_with_their_own_timestamps(receiver) -> None:  # type: ignore[no-untyped-def]
+    backend = FakeNvml()
+    sampler = _gpu.GpuSampler(backend, interval_s=0.01, export=False)
+    sampler.sample_once()
+    time.sleep(0.002)
+    sampler.sample_once()
+    assert sampler.export_now() == 4
+    assert sampler.export_now() == 0  # nothing queued twice
+    (body,) = receiver.bodies
+    rm = body.resource_metrics[0]
+    assert {kv.key: kv.value.string_value for kv in rm.resource.attributes}["service.name"] == "gpu-test"
+    metrics = {m.name: m for m in rm.scope_metrics[0].metrics}
+    assert set(metrics) == {sc.METRIC_GPU_UTIL, sc.METRIC_GPU_MEM_USED, sc.METRIC_GPU_MEM_TOTAL,
+                            sc.METRIC_GPU_SM_CLOCK, sc.METRIC_GPU_POWER}  # fmt: skip
+    util = metrics[sc.METRIC_GPU_UTIL].gauge.data_points
+    assert [p.as_double for p in util] == [10.0, 20.0, 30.0, 40.0]
+    assert [p.attributes[0].value.int_value for p in util] == [0, 1, 0, 1]
+    assert util[0].time_unix_nano == util[1].time_unix_nano < util[2].time_unix_nano
+    mem = metrics[sc.METRIC_GPU_MEM_USED].gauge.data_points
+    assert mem[1].as_int == 2 * GIB + 2
+    sampler.stop()
+    assert backend.closed
+
+
+def test_running_sampler_exports_and_summarizes_requests(receiver) -> None:  # type: ignore[no-untyped-def]
+    backend = FakeNvml()
+    sampler = tt.start_gpu_sampler(interval_s=0.01, backend=backend, export_interval_s=0.05)
+    try:
+        assert sampler.running
+        with tt.request() as req:
+            deadline = time.monotonic() + 10
+            while backend.reads < 10 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        exporter = tt.get_tracing().provider._active_span_processor._span_processors[0].span_exporter
+        assert tt.get_tracing().force_flush()
+    finally:
+        sampler.stop()
+    assert not sampler.running and backend.closed
+    span = next(s for s in exporter.get_finished_spans() if s.name == sc.SPAN_REQUEST)
+    assert span.attributes[sc.GPU_UTIL_MEAN] > 0
+    assert span.attributes[sc.GPU_MEM_MAX_BYTES] >= 2 * GIB
+    assert req.request_id == span.attributes[sc.REQUEST_ID]
+    points = sum(
+        len(m.gauge.data_points)
+        for b in receiver.bodies
+        for m in b.resource_metrics[0].scope_metrics[0].metrics
+        if m.name == sc.METRIC_GPU_UTIL
+    )
+    assert points == sampler.samples_taken == sampler.samples_exported
+
+
+def test_summary_covers_only_the_window() -> None:
+    sampler = _gpu.GpuSampler(FakeNvml(), export=False)
+    sampler.sample_once()  # utils 10, 20
+    mid = time.time_ns()
+    time.sleep(0.002)
+    sampler.sample_once()  # utils 30, 40
+    summary = sampler.summary(mid, time.time_ns())
+    assert summary == {sc.GPU_UTIL_MEAN: 35.0, sc.GPU_MEM_MAX_BYTES: 2 * GIB + 4}
+    assert sampler.summary(0, 1) is None
+
+
+def test_broken_backend_is_logged_once_and_never_raises(receiver, caplog) -> None:  # type: ignore[no-untyped-def]
+    class Broken(FakeNvml):
+        def read(self, index: int) -> _gpu.GpuReading:
+            raise OSError("NVML_ERROR_GPU_IS_LOST")
+
+    sampler = tt.start_gpu_sampler(interval_s=0.005, backend=Broken())
+    time.sleep(0.1)
+    sampler.stop()
+    assert sum("NVML sampling" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_without_nvml_the_sampler_stays_off() -> None:
+    try:
+        _gpu.NvmlBackend().close()
+        pytest.skip("NVML works here")
+    except Exception:
+        pass
+    sampler = tt.start_gpu_sampler()
+    assert not sampler.running
+    assert _gpu.gpu_summary(0, time.time_ns()) is None
+    sampler.stop()
+
+
+def test_samples_reach_serve_gpu_samples(serve_sdk) -> None:  # type: ignore[no-untyped-def]
+    serve, tracing = serve_sdk
+    sampler = _gpu.GpuSampler(FakeNvml(), export=False)
+    sampler.sample_once()
+    sampler.sample_once()
+    assert sampler.export_now() == 4, "the collector's /v1/metrics refused the samples"
+    serve.stop()
+    conn = open_read_only(serve.db)
+    try:
+        rows = conn.execute(
+            "SELECT service, gpu_index, utilization_pct, memory_used_bytes, memory_total_bytes, sm_clock_mhz, power_w "
+            "FROM gpu_samples ORDER BY ts_ns, gpu_index"
+        ).fetchall()
+    finally:
+        conn.close()
+    assert [r[:3] for r in rows] == [("sdk-e2e", 0, 10.0), ("sdk-e2e", 1, 20.0), ("sdk-e2e", 0, 30.0),
+                                     ("sdk-e2e", 1, 40.0)]  # fmt: skip
+    assert rows[0][3:] == (GIB + 1, 80 * GIB, 1410.0, 250.5)
+
+
+@pytest.mark.gpu
+def test_real_nvml_samples_this_machine(receiver) -> None:  # type: ignore[no-untyped-def]
+    try:
+        backend = _gpu.NvmlBackend()
+    except Exception as exc:
+        pytest.skip(f"no NVML: {exc}")
+    if backend.device_count() == 0:
+        pytest.skip("no GPU")
+    sampler = tt.start_gpu_sampler(interval_s=0.02, backend=backend, export_interval_s=0.1)
+    time.sleep(0.3)
+    sampler.stop()
+    assert sampler.samples_taken >= 2 and sampler.samples_exported == sampler.samples_taken
+    metrics = {m.name: m for b in receiver.bodies for m in b.resource_metrics[0].scope_metrics[0].metrics}
+    total = metrics[sc.METRIC_GPU_MEM_TOTAL].gauge.data_points[0].as_int
+    assert total > GIB
