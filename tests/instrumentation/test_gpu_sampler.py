@@ -32,7 +32,9 @@ class FakeNvml:
 
     def read(self, index: int) -> _gpu.GpuReading:
         self.reads += 1
-        return _gpu.GpuReading(10.0 * self.reads, (index + 1) * GIB + self.reads, 80 * GIB, 1410.0, 250.5)
+        return _gpu.GpuReading(
+            10.0 * self.reads, (index + 1) * GIB + self.reads, 80 * GIB, 1410.0, 250.5
+        )
 
     def close(self) -> None:
         self.closed = True
@@ -86,7 +88,9 @@ def test_samples_ship_as_otlp_gauges_with_their_own_timestamps(receiver) -> None
     assert sampler.export_now() == 0  # nothing queued twice
     (body,) = receiver.bodies
     rm = body.resource_metrics[0]
-    assert {kv.key: kv.value.string_value for kv in rm.resource.attributes}["service.name"] == "gpu-test"
+    assert {kv.key: kv.value.string_value for kv in rm.resource.attributes}[
+        "service.name"
+    ] == "gpu-test"
     metrics = {m.name: m for m in rm.scope_metrics[0].metrics}
     assert set(metrics) == {sc.METRIC_GPU_UTIL, sc.METRIC_GPU_MEM_USED, sc.METRIC_GPU_MEM_TOTAL,
                             sc.METRIC_GPU_SM_CLOCK, sc.METRIC_GPU_POWER}  # fmt: skip
@@ -109,7 +113,9 @@ def test_running_sampler_exports_and_summarizes_requests(receiver) -> None:  # t
             deadline = time.monotonic() + 10
             while backend.reads < 10 and time.monotonic() < deadline:
                 time.sleep(0.01)
-        exporter = tt.get_tracing().provider._active_span_processor._span_processors[0].span_exporter
+        exporter = (
+            tt.get_tracing().provider._active_span_processor._span_processors[0].span_exporter
+        )
         assert tt.get_tracing().force_flush()
     finally:
         sampler.stop()
@@ -193,6 +199,8 @@ def test_real_nvml_samples_this_machine(receiver) -> None:  # type: ignore[no-un
     time.sleep(0.3)
     sampler.stop()
     assert sampler.samples_taken >= 2 and sampler.samples_exported == sampler.samples_taken
-    metrics = {m.name: m for b in receiver.bodies for m in b.resource_metrics[0].scope_metrics[0].metrics}
+    metrics = {
+        m.name: m for b in receiver.bodies for m in b.resource_metrics[0].scope_metrics[0].metrics
+    }
     total = metrics[sc.METRIC_GPU_MEM_TOTAL].gauge.data_points[0].as_int
     assert total > GIB

@@ -1,0 +1,76 @@
+"""The SDK's exported names, light imports for every module, and the optional integrations."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from tokentrace import instrumentation as tt
+
+HEAVY = (
+    "duckdb",
+    "fastapi",
+    "polars",
+    "uvicorn",
+    "torch",
+    "starlette",
+    "httpx",
+    "openai",
+    "transformers",
+    "pynvml",
+)
+MODULES = (
+    "_asgi",
+    "_client",
+    "_forward",
+    "_gpu",
+    "_httpx",
+    "_openai",
+    "_steps",
+    "_tokenizer",
+    "_transformers",
+)
+
+
+def test_exported_names() -> None:
+    assert tt.__all__ == sorted(tt.__all__)
+    assert set(tt.__all__) == {
+        "ClientRequest", "EngineStep", "GpuReading", "GpuSampler", "RequestTrace", "Settings",
+        "TokentraceMiddleware", "Tracing", "client_request", "configure", "current_request", "engine_step",
+        "get_tracing", "instrument_fastapi", "instrument_httpx", "instrument_model", "instrument_openai",
+        "instrument_transformers_generate", "phase", "record_step", "request", "request_from_headers",
+        "semconv", "shutdown", "start_gpu_sampler", "traced_request", "uninstrument_fastapi",
+        "uninstrument_httpx", "uninstrument_model", "uninstrument_openai",
+        "uninstrument_transformers_generate", "wrap_tokenizer",
+    }  # fmt: skip
+    for name in tt.__all__:
+        assert getattr(tt, name) is not None
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_integration_modules_import_nothing_heavy(module: str) -> None:
+    code = (
+        f"import sys, tokentrace.instrumentation.{module}\n"
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("openai") is not None, reason="openai is installed")
+def test_instrument_openai_without_openai_says_so() -> None:
+    with pytest.raises(ImportError):
+        tt.instrument_openai()
+    tt.uninstrument_openai()  # nothing to undo: a no-op
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is not None, reason="transformers is installed"
+)
+def test_instrument_transformers_without_transformers_says_so() -> None:
+    with pytest.raises(ImportError):
+        tt.instrument_transformers_generate()
+    tt.uninstrument_transformers_generate()
