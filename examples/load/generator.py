@@ -106,6 +106,7 @@ class LoadGenerator:
         stream: bool = True,
         timeout_s: float = 300.0,
         clock: Callable[[], float] = time.perf_counter,
+        traced: bool = False,
     ) -> None:
         if client is not None and client_factory is not None:
             raise ValueError("pass either client or client_factory, not both")
@@ -117,6 +118,9 @@ class LoadGenerator:
         self.stream = stream
         self.timeout_s = timeout_s
         self.clock = clock
+        # True: each request is a tokentrace client span (call tt.configure first), so the
+        # user-side TTFT/ITL and the network time between here and the server are measured.
+        self.traced = traced
 
     def _default_client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(timeout=self.timeout_s, limits=DEFAULT_LIMITS)
@@ -192,18 +196,40 @@ class LoadGenerator:
             spec=spec, request_id=request_id, scheduled_at=scheduled_at, start=self.clock()
         )
         url = f"{self.base_url}/v1/completions"
+        if self.traced:
+            from tokentrace import instrumentation as tt
+
+            async with tt.client_request(
+                model=self.model, tenant=spec.tenant, traffic_class=spec.traffic_class
+            ) as call:
+                await self._send(client, url, body, call.headers(headers), result, call)
+                call.set_tokens(prompt=spec.prompt_tokens, output=result.completion_tokens)
+                if result.error is not None:
+                    call.record_error(RuntimeError(result.error))
+        else:
+            await self._send(client, url, body, headers, result, None)
+        result.end = self.clock()
+        return result
+
+    async def _send(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        result: RequestResult,
+        call: Any,
+    ) -> None:
         try:
             if self.stream:
-                await self._send_streaming(client, url, body, headers, result)
+                await self._send_streaming(client, url, body, headers, result, call)
             else:
                 response = await client.post(url, json=body, headers=headers)
                 result.status = response.status_code
-                self._record_chunk(result, self.clock())
+                self._record_chunk(result, self.clock(), call)
                 self._read_body(result, response)
         except (httpx.HTTPError, OSError, ValueError) as exc:
             result.error = f"{type(exc).__name__}: {exc}"
-        result.end = self.clock()
-        return result
 
     async def _send_streaming(
         self,
@@ -212,6 +238,7 @@ class LoadGenerator:
         body: dict[str, Any],
         headers: dict[str, str],
         result: RequestResult,
+        call: Any = None,
     ) -> None:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             result.status = response.status_code
@@ -231,11 +258,13 @@ class LoadGenerator:
                     result.error = str(chunk["error"].get("message"))
                     break
                 for choice in chunk.get("choices", []):
-                    self._record_chunk(result, now)
+                    self._record_chunk(result, now, call)
                     result.completion_tokens += 1
                     result.text += choice.get("text") or ""
 
-    def _record_chunk(self, result: RequestResult, now: float) -> None:
+    def _record_chunk(self, result: RequestResult, now: float, call: Any = None) -> None:
+        if call is not None:
+            call.chunk()  # the tokentrace client span's chunk time (an append)
         if result.first_chunk is None:
             result.first_chunk = now
         result.chunk_times.append(now)

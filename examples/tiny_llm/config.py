@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,11 @@ class ServerConfig:
     tokenizer: str = "bpe"  # "bpe" (trained at start-up) or "byte"
     vocab_size: int = 4096
     warmup: bool = True  # one tiny request at start-up, so the first user does not pay for it
+    # tracing (tokentrace SDK); no endpoint: the server runs untraced
+    otlp_endpoint: str | None = None  # e.g. http://127.0.0.1:4318
+    service_name: str | None = None  # default: model_name
+    environment: str | None = None  # deployment.environment.name, e.g. production / staging
+    instance_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -68,7 +74,8 @@ class ServerConfig:
 
 def _parse(raw: str, default: Any, name: str) -> Any:
     if raw.lower() in ("", "none") and (
-        default is None or name in ("prefill_chunk_size", "threads")
+        default is None
+        or name in ("prefill_chunk_size", "threads", "otlp_endpoint", "service_name", "environment")
     ):
         return None
     if isinstance(default, bool):

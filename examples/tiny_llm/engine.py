@@ -49,6 +49,10 @@ class IncrementalDetokenizer:
         self._emitted = len(text)
         return piece
 
+    def text(self, token_ids: Sequence[int]) -> str:
+        """Return the text of a whole token sequence (one detokenize call)."""
+        return self._tokenizer.decode(list(token_ids))
+
 
 class TinyLLMEngine:
     """Owns the tokenizer, the model and the scheduler thread."""
@@ -122,8 +126,9 @@ class TinyLLMEngine:
     def detokenize(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(token_ids)
 
-    def detokenizer(self) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self.tokenizer)
+    def detokenizer(self, tokenizer: TextTokenizer | None = None) -> IncrementalDetokenizer:
+        """Return a per-request detokenizer (over `tokenizer`, e.g. a traced proxy, if given)."""
+        return IncrementalDetokenizer(tokenizer or self.tokenizer)
 
     def max_tokens_for(self, prompt_len: int, requested: int) -> int:
         """Return `requested` clipped to what fits in the context window; ValueError if nothing fits."""
@@ -145,6 +150,7 @@ class TinyLLMEngine:
         temperature: float = 0.0,
         seed: int | None = None,
         on_admitted: Callable[[float], None] | None = None,
+        on_token: Callable[[TokenEvent], None] | None = None,
     ) -> AsyncGenerator[TokenEvent, None]:
         """Submit the request now and return its token events; the last carries `finish_reason`.
 
@@ -152,12 +158,19 @@ class TinyLLMEngine:
         RuntimeError when stopped) raises here, before any response is started.
         Closing the returned iterator early (client gone, task cancelled)
         cancels the request in the scheduler, which frees its KV slot.
+        `on_admitted(time)` and `on_token(event)` run on the scheduler thread,
+        at the moment it happens (tracing hooks); they must be quick.
         """
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[TokenEvent] = asyncio.Queue()
 
         def sink(event: TokenEvent) -> None:
             # Scheduler thread: one hop onto the loop, nothing else.
+            if on_token is not None:
+                try:
+                    on_token(event)
+                except Exception:
+                    logger.exception("on_token callback failed")
             loop.call_soon_threadsafe(events.put_nowait, event)
 
         request = GenerationRequest(

@@ -21,6 +21,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -184,6 +185,9 @@ class StepStats:
 
 
 StepHook = Callable[[StepStats], None]
+#: Wraps the model work of one step (e.g. a tracing span around it): called on the
+#: scheduler thread with the step's plan and the queue depth after admission.
+StepContext = Callable[["StepPlan", int], AbstractContextManager[object]]
 
 
 class Scheduler:
@@ -220,6 +224,7 @@ class Scheduler:
         self.clock = clock
         self.step_index = 0
         self._step_hooks: list[StepHook] = []
+        self._step_context: StepContext | None = None
         self._waiting: list[
             tuple[int, int, Sequence]
         ] = []  # heap of (priority, arrival order, seq)
@@ -236,6 +241,10 @@ class Scheduler:
     def add_step_hook(self, hook: StepHook) -> None:
         """Call `hook(StepStats)` on the scheduler thread after every step; it must be quick."""
         self._step_hooks.append(hook)
+
+    def set_step_context(self, factory: StepContext | None) -> None:
+        """Run each step's model work inside `factory(plan, queue_depth)` (None: nothing)."""
+        self._step_context = factory
 
     def submit(self, request: GenerationRequest) -> None:
         """Queue a request; tokens arrive through `request.sink` from the scheduler thread."""
@@ -346,8 +355,11 @@ class Scheduler:
         if plan.is_empty:
             return None
         error: str | None = None
+        factory = self._step_context
+        context = nullcontext() if factory is None else factory(plan, len(self._waiting))
         try:
-            self._forward(plan)
+            with context:
+                self._forward(plan)
         except Exception as exc:  # fail this step's requests, keep the thread serving
             logger.exception("forward failed; failing the step's requests")
             error = f"{type(exc).__name__}: {exc}"

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 from .config import ServerConfig
 from .engine import TinyLLMEngine
 from .scheduler import TRAFFIC_CLASS_PRIORITY, TokenEvent
+from .tracing import RequestTracing, setup_tracing, shutdown_tracing
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +87,9 @@ def _error_body(message: str, status: int) -> dict[str, Any]:
 class CompletionHandler:
     """Serves one completion: tokenize → generate (queue, prefill, decode) → detokenize → respond."""
 
-    def __init__(self, engine: TinyLLMEngine) -> None:
+    def __init__(self, engine: TinyLLMEngine, traced: bool = False) -> None:
         self.engine = engine
+        self.traced = traced  # tokentrace configured: every request gets a RequestTracing
 
     def context(self, request: Request, body: CompletionRequest) -> RequestContext:
         traffic_class = request.headers.get(TRAFFIC_CLASS_HEADER, "interactive").strip().lower()
@@ -102,41 +104,73 @@ class CompletionHandler:
             received_at=time.perf_counter(),
         )
 
-    def tokenize(self, body: CompletionRequest) -> list[int]:
+    def tokenize(self, body: CompletionRequest, tokenizer: Any = None) -> list[int]:
         """Return the prompt's token ids (a list prompt must hold exactly one string)."""
         prompt = body.prompt
         if isinstance(prompt, list):
             if len(prompt) != 1:
                 raise CompletionError("only one prompt per request is supported")
             prompt = prompt[0]
-        prompt_ids = self.engine.tokenize(prompt)
+        prompt_ids = (tokenizer or self.engine.tokenizer).encode(prompt)
         if not prompt_ids:
             raise CompletionError("prompt must not be empty")
-        return prompt_ids
+        return list(prompt_ids)
 
     async def handle(self, request: Request, body: CompletionRequest) -> Any:
         """Return a streaming (SSE) or a JSON completion response."""
         ctx = self.context(request, body)
-        prompt_ids = self.tokenize(body)
-        max_tokens = self.engine.max_tokens_for(len(prompt_ids), body.max_tokens)
-        events = self.engine.generate(
-            prompt_ids,
-            max_tokens=max_tokens,
-            request_id=ctx.request_id,
-            traffic_class=ctx.traffic_class,
-            tenant=ctx.tenant,
-            temperature=body.temperature,
-            seed=body.seed,
-        )
         model = body.model or self.engine.config.model_name
+        traced = (
+            RequestTracing(
+                self.engine,
+                request.headers,
+                request_id=ctx.request_id,
+                model=model,
+                tenant=ctx.tenant,
+                traffic_class=ctx.traffic_class,
+            )
+            if self.traced
+            else None
+        )
+        try:
+            prompt_ids = self.tokenize(body, traced.tokenizer if traced else None)
+            max_tokens = self.engine.max_tokens_for(len(prompt_ids), body.max_tokens)
+            if traced is not None:
+                traced.submitted()
+            events = self.engine.generate(
+                prompt_ids,
+                max_tokens=max_tokens,
+                request_id=ctx.request_id,
+                traffic_class=ctx.traffic_class,
+                tenant=ctx.tenant,
+                temperature=body.temperature,
+                seed=body.seed,
+                on_admitted=traced.admitted if traced else None,
+                on_token=traced.on_token if traced else None,
+            )
+        except Exception as exc:  # refused before any response: the span ends with the error
+            if traced is not None:
+                traced.finish(None, 0, exc)
+            raise
+        detokenizer = self.engine.detokenizer(traced.tokenizer if traced else None)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(
-                self.stream(ctx, model, len(prompt_ids), events, include_usage),
+                self.stream(
+                    ctx, model, len(prompt_ids), events, include_usage, detokenizer, traced
+                ),
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache", REQUEST_ID_HEADER: ctx.request_id},
             )
-        return JSONResponse(await self.collect(ctx, model, len(prompt_ids), events))
+        try:
+            result = await self.collect(ctx, model, len(prompt_ids), events, detokenizer)
+        except Exception as exc:
+            if traced is not None:
+                traced.finish(len(prompt_ids), 0, exc)
+            raise
+        if traced is not None:
+            traced.finish(len(prompt_ids), result["usage"]["completion_tokens"])
+        return JSONResponse(result)
 
     async def stream(
         self,
@@ -145,11 +179,14 @@ class CompletionHandler:
         prompt_tokens: int,
         events: AsyncGenerator[TokenEvent, None],
         include_usage: bool,
+        detokenizer: Any = None,
+        traced: RequestTracing | None = None,
     ) -> AsyncIterator[str]:
         """Yield SSE lines: one completion chunk per token, then `data: [DONE]`."""
         created = int(time.time())
-        detokenizer = self.engine.detokenizer()
+        detokenizer = detokenizer or self.engine.detokenizer()
         completion_tokens = 0
+        error: BaseException | None = None
         try:
             async for event in events:
                 text = ""
@@ -157,6 +194,7 @@ class CompletionHandler:
                     completion_tokens += 1
                     text = self.emit_text(detokenizer, event.token_id)
                 if event.error:
+                    error = RuntimeError(event.error)
                     yield _sse(_error_body(event.error, 500))
                     break
                 yield _sse(_chunk(ctx.request_id, created, model, text, event.finish_reason))
@@ -170,9 +208,14 @@ class CompletionHandler:
                     }
                 )
             yield "data: [DONE]\n\n"
+        except BaseException as exc:  # client gone (cancelled) or a failure mid-stream
+            error = exc
+            raise
         finally:
             # Closing `events` cancels the request in the scheduler if it is still running.
             await events.aclose()
+            if traced is not None:
+                traced.finish(prompt_tokens, completion_tokens, error)
 
     def emit_text(self, detokenizer: Any, token_id: int) -> str:
         """Return the text for one output token (the per-token detokenize point)."""
@@ -184,6 +227,7 @@ class CompletionHandler:
         model: str,
         prompt_tokens: int,
         events: AsyncGenerator[TokenEvent, None],
+        detokenizer: Any = None,
     ) -> dict[str, Any]:
         """Return the whole non-streaming completion body."""
         token_ids: list[int] = []
@@ -204,7 +248,9 @@ class CompletionHandler:
             "model": model,
             "choices": [
                 {
-                    "text": self.engine.detokenize(token_ids),
+                    "text": detokenizer.text(token_ids)
+                    if detokenizer is not None
+                    else self.engine.detokenize(token_ids),
                     "index": 0,
                     "logprobs": None,
                     "finish_reason": finish_reason,
@@ -246,7 +292,8 @@ def _sse(payload: dict[str, Any]) -> str:
 def create_app(config: ServerConfig | None = None, engine: TinyLLMEngine | None = None) -> FastAPI:
     """Return the FastAPI app; the engine (model + scheduler thread) lives for the app's lifespan."""
     engine = engine or TinyLLMEngine(config or ServerConfig.from_env())
-    handler = CompletionHandler(engine)
+    traced = setup_tracing(engine.config, engine)
+    handler = CompletionHandler(engine, traced=traced)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -255,6 +302,8 @@ def create_app(config: ServerConfig | None = None, engine: TinyLLMEngine | None 
             yield
         finally:
             engine.stop()
+            if traced:
+                shutdown_tracing()
 
     app = FastAPI(title="tiny-llm", lifespan=lifespan)
     app.state.engine = engine
@@ -369,6 +418,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
     parser.add_argument("--tokenizer", choices=["bpe", "byte"], default=None)
+    parser.add_argument(
+        "--otlp-endpoint", default=None, help="trace with tokentrace to this OTLP/HTTP endpoint"
+    )
+    parser.add_argument("--service-name", default=None, help="service.name (default: model name)")
+    parser.add_argument("--environment", default=None, help="deployment.environment.name")
+    parser.add_argument("--no-warmup", action="store_true", help="skip the start-up request")
     parser.add_argument("--log-level", default="info")
     return parser.parse_args(argv)
 
@@ -387,6 +442,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         seed=args.seed,
         device=args.device,
         tokenizer=args.tokenizer,
+        otlp_endpoint=args.otlp_endpoint,
+        service_name=args.service_name,
+        environment=args.environment,
+        warmup=False if args.no_warmup else None,
     )
 
 
