@@ -100,7 +100,7 @@ def search_data(cur: duckdb.DuckDBPyConnection, p: SearchParams) -> dict[str, An
         f"FROM requests {page_where} "
         f"ORDER BY sort_key {direction}, trace_id {direction}, request_id {direction} LIMIT ?"
     )
-    rows, more = fetch_dicts(cur, sql, [*page_params, p.limit], cap=p.limit)
+    rows, more = fetch_dicts(cur, sql, [*page_params, p.limit + 1], cap=p.limit)
     with time_limit(cur):
         count_row = cur.execute(f"SELECT count(*) FROM requests {base_where}", params).fetchone()  # noqa: S608
     next_cursor = None

@@ -1,0 +1,275 @@
+"""Every page and JSON twin over HTTP against a real server and a real DuckDB of generated traces."""
+
+from __future__ import annotations
+
+import html
+import json
+
+import duckdb
+import httpx
+import pytest
+from conftest import WebServer, serve_app
+from tokentrace.collector.otlp import decode_json
+from tokentrace.instrumentation import semconv as sc
+from tracegen import XSS_ATTR, XSS_NAME
+
+
+def _get(web: WebServer, path: str, **kw: object) -> httpx.Response:
+    return httpx.get(web.url + path, timeout=30, **kw)  # type: ignore[arg-type]
+
+
+def _db(web: WebServer) -> duckdb.DuckDBPyConnection:
+    return duckdb.connect(str(web.db), read_only=True)
+
+
+@pytest.fixture(scope="module")
+def truth(web: WebServer) -> dict[str, object]:
+    conn = _db(web)
+    try:
+        rows = conn.execute("SELECT trace_id, request_id, e2e_ms, model, kept, output_tokens FROM requests").fetchall()
+    finally:
+        conn.close()
+    return {
+        "count": len(rows),
+        "by_trace": {r[0]: r for r in rows},
+        "sampled_out": [r[0] for r in rows if not r[4]],
+    }
+
+
+def test_every_html_page_has_a_json_twin(web: WebServer) -> None:
+    tid = web.requests[1].trace_id
+    for page_path, api in (
+        ("/", "/api/overview"),
+        ("/search", "/api/search"),
+        ("/diagnosis", "/api/diagnosis"),
+        (f"/trace/{tid}", f"/api/trace/{tid}"),
+    ):
+        page = _get(web, page_path)
+        assert page.status_code == 200, page_path
+        assert page.headers["content-type"].startswith("text/html")
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        twin = _get(web, api)
+        assert twin.status_code == 200, api
+        assert twin.headers["content-type"] == "application/json"
+
+
+def test_overview_counts_every_request(web: WebServer, truth: dict[str, object]) -> None:
+    data = _get(web, "/api/overview").json()
+    assert data["report"]["requests"]["count"] == truth["count"]
+    series = data["series"]
+    assert series["bin_s"] and len(series["t"]) == len(series["rps"]) > 1
+    assert round(sum(series["rps"]) * series["bin_s"]) == truth["count"]
+    for metric in ("e2e", "ttft", "tpot", "itl"):
+        assert len(series[metric]["p99"]) == len(series["t"])
+        assert all(a <= b for a, b in zip(series[metric]["p50"], series[metric]["p99"], strict=True) if a is not None)
+    for i in range(len(series["t"])):
+        shares = [series["share"][b][i] for b in ("network", "queue", "prefill", "decode")]
+        assert sum(shares) == pytest.approx(1.0, abs=1e-3)
+    page = _get(web, "/").text
+    assert "Findings" in page and 'data-chart="latency"' in page
+
+
+def test_overview_filters_narrow_the_window(web: WebServer, truth: dict[str, object]) -> None:
+    llama = _get(web, "/api/overview", params={"model": "llama-8b"}).json()
+    batch = _get(web, "/api/overview", params={"class": "batch"}).json()
+    assert llama["report"]["requests"]["count"] == sum(1 for r in web.requests if r.model == "llama-8b")
+    assert batch["report"]["requests"]["count"] == sum(1 for r in web.requests if r.traffic_class == "batch")
+    mid = sorted(r.start_ns for r in web.requests)[60]
+    later = _get(web, "/api/overview", params={"start": str(mid)}).json()
+    assert 0 < later["report"]["requests"]["count"] < truth["count"]
+    assert _get(web, "/api/overview", params={"window": "5m"}).json()["report"]["requests"]["count"] == truth["count"]
+
+
+def test_search_filters_match_the_database(web: WebServer) -> None:
+    conn = _db(web)
+    try:
+        expect = conn.execute(
+            "SELECT count(*) FROM requests WHERE model = 'qwen-7b' AND tenant = 'acme' AND e2e_ms >= 300 AND kept"
+        ).fetchone()[0]
+        slowest = conn.execute("SELECT trace_id FROM requests ORDER BY e2e_ms DESC LIMIT 1").fetchone()[0]
+    finally:
+        conn.close()
+    data = _get(web, "/api/search", params={"model": "qwen-7b", "tenant": "acme", "min_e2e": "300", "kept": "1"}).json()
+    assert data["total"] == expect == len(data["rows"])
+    assert all(r["model"] == "qwen-7b" and r["kept"] and r["e2e_ms"] >= 300 for r in data["rows"])
+    top = _get(web, "/api/search", params={"sort": "e2e_ms", "order": "desc", "limit": "1"}).json()
+    assert top["rows"][0]["trace_id"] == slowest
+    for bucket in ("queue", "prefill", "decode"):
+        rows = _get(web, "/api/search", params={"bucket": bucket, "limit": "500"}).json()["rows"]
+        for r in rows:
+            assert r["dominant_bucket"] == bucket
+            assert r[f"{bucket}_ms"] == max(r["queue_ms"], r["prefill_ms"], r["decode_ms"], r["network_ms"] or 0)
+
+
+@pytest.mark.parametrize("sort,order", [("start_ns", "desc"), ("e2e_ms", "asc"), ("ttft_ms", "desc"), ("tenant", "asc")])
+def test_keyset_paging_walks_every_request_once_in_order(
+    web: WebServer, truth: dict[str, object], sort: str, order: str
+) -> None:
+    seen: list[dict[str, object]] = []
+    params: dict[str, str] = {"sort": sort, "order": order, "limit": "17"}
+    for _ in range(20):
+        page = _get(web, "/api/search", params=params).json()
+        seen.extend(page["rows"])
+        if page["next"] is None:
+            break
+        params = page["next"]
+    keys = [(r["trace_id"], r["request_id"]) for r in seen]
+    assert len(keys) == len(set(keys)) == truth["count"]
+    values = [r[sort] for r in seen]
+    assert values == sorted(values, reverse=order == "desc")
+
+
+def test_search_html_links_to_traces_and_sorts(web: WebServer) -> None:
+    page = _get(web, "/search", params={"sort": "e2e_ms", "order": "asc", "limit": "5"}).text
+    assert page.count('class="trace-link"') == 5
+    assert "next-page" in page
+    assert 'class="sort active asc"' in page
+
+
+def test_complaint_filter_uses_the_findings(web: WebServer) -> None:
+    findings = _get(web, "/api/diagnosis").json()["report"]["findings"]
+    for f in findings:
+        rows = _get(web, "/api/search", params={"complaint": f["complaint"], "limit": "500"}).json()["rows"]
+        affected = set(f.get("affected_trace_ids") or f.get("example_traces") or [])
+        assert {r["trace_id"] for r in rows} <= affected
+    unknown = _get(web, "/api/search", params={"complaint": "no_such_complaint"}).json()
+    assert unknown["rows"] == [] and unknown["total"] == 0 and "no_such_complaint" in unknown["note"]
+
+
+def test_trace_view_shows_waterfall_buckets_tokens_and_shared_steps(web: WebServer) -> None:
+    stalled = next(r for r in web.requests if r.stalled)
+    data = _get(web, f"/api/trace/{stalled.trace_id}").json()
+    (rq,) = data["requests"]
+    s = rq["summary"]
+    assert sum(b["ms"] or 0 for b in rq["buckets"]) == pytest.approx(s["e2e_ms"], abs=0.01)
+    assert len(rq["timeline"]["tokens"]) == s["output_tokens"] == len(stalled.tokens_abs_ns)
+    assert rq["timeline"]["stalls"], "the generated 400-700 ms gap must show as a stall"
+    stall = rq["timeline"]["stalls"][0]
+    assert stall["gap_ms"] >= 400 and stall["steps"], "a stall lists the engine steps that overlapped it"
+    assert rq["engine_steps"]["served"] > 0 and rq["timeline"]["gpu"]
+    shared = rq["shared_requests"]
+    assert shared and all(o["request_id"] != stalled.request_id for o in shared)
+    assert any(o["trace_id"] for o in shared)
+    if data["span_count"]:
+        depths = {sp["name"]: sp["depth"] for sp in data["spans"]}
+        assert depths[sc.SPAN_CLIENT] == 0 and depths[sc.SPAN_REQUEST] == 1 and depths[sc.SPAN_DECODE] == 2
+    page = _get(web, f"/trace/{stalled.trace_id}").text
+    assert 'class="stall"' in page and 'class="shared-link"' in page
+
+
+def test_sampled_out_request_still_shows_its_buckets(web: WebServer, truth: dict[str, object]) -> None:
+    tid = truth["sampled_out"][0]  # type: ignore[index]
+    data = _get(web, f"/api/trace/{tid}").json()
+    assert data["span_count"] == 0 and data["kept"] is None
+    (rq,) = data["requests"]
+    assert not rq["has_spans"] and {b["bucket"] for b in rq["buckets"]} == {"network", "queue", "prefill", "decode"}
+    page = _get(web, f"/trace/{tid}").text
+    assert "were not kept" in page and "bucketbar" in page
+    assert _get(web, f"/api/trace/{tid}/otlp.json").status_code == 404
+
+
+def test_otlp_export_round_trips_through_the_collector_decoder(web: WebServer) -> None:
+    tid = web.requests[0].trace_id  # an error: always kept
+    shown = _get(web, f"/api/trace/{tid}").json()
+    doc = _get(web, f"/api/trace/{tid}/otlp.json").json()
+    spans = decode_json(doc)
+    assert len(spans) == shown["span_count"] > 0
+    by_name = {s.name: s for s in spans}
+    req = by_name[sc.SPAN_REQUEST]
+    assert req.attributes[sc.TOKEN_OFFSETS_US] == [
+        (t - req.start_ns) // 1000 for t in web.requests[0].tokens_abs_ns
+    ]
+    assert req.attributes["user.note"] == XSS_ATTR and req.status_code == 2
+
+
+def test_chrome_export_has_spans_tokens_and_engine_steps(web: WebServer) -> None:
+    gen = web.requests[0]
+    doc = _get(web, f"/api/trace/{gen.trace_id}/chrome.json").json()
+    events = doc["traceEvents"]
+    spans = [e for e in events if e.get("cat") == "span"]
+    assert len(spans) == _get(web, f"/api/trace/{gen.trace_id}").json()["span_count"]
+    assert all(e["ph"] == "X" and e["dur"] >= 0 for e in spans)
+    assert sum(1 for e in events if e.get("cat") == "token") == len(gen.tokens_abs_ns)
+    assert any(e.get("cat") == "engine_step" for e in events)
+    assert json.dumps(doc)  # plain JSON, loadable by ui.perfetto.dev
+
+
+def test_span_values_are_escaped(web: WebServer) -> None:
+    page = _get(web, f"/trace/{web.requests[0].trace_id}").text
+    assert XSS_NAME not in page and XSS_ATTR not in page
+    assert "&lt;script&gt;alert(" in page and "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;" in page
+
+
+SQL = ("' OR 1=1 --", "x'); DROP TABLE requests; --", "1; SELECT * FROM spans", '" UNION SELECT 1 --')
+
+
+@pytest.mark.parametrize(
+    "param",
+    ["window", "start", "end", "model", "tenant", "class", "service", "min_e2e", "max_e2e", "min_ttft", "max_ttft",
+     "bucket", "complaint", "kept", "error", "sort", "order", "limit", "after"],
+)  # fmt: skip
+def test_sql_in_any_search_parameter_is_refused_or_matches_nothing(web: WebServer, param: str) -> None:
+    for value in SQL:
+        for path in ("/api/search", "/search", "/api/overview", "/diagnosis"):
+            r = _get(web, path, params={param: value})
+            assert r.status_code in (200, 400), (path, param, value, r.text[:200])
+            body = r.text
+            for leak in ("Traceback", "duckdb", "Binder", "Parser Error", "Catalog"):
+                assert leak not in body
+            if r.status_code == 400 and path.startswith("/api/"):
+                assert param.split("_")[-1] in r.json()["error"] or param in r.json()["error"]
+            elif r.status_code == 200 and path == "/api/search":
+                assert r.json()["total"] == 0, (param, value)
+    conn = _db(web)
+    try:
+        assert conn.execute("SELECT count(*) FROM requests").fetchone()[0] == len(web.requests)
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    "query,needle",
+    [
+        ({"window": "3w"}, "window must be one of"),
+        ({"min_e2e": "fast"}, "min_e2e must be a number"),
+        ({"min_e2e": "-1"}, ">= 0"),
+        ({"sort": "trace_id"}, "sort must be one of"),
+        ({"order": "sideways"}, "order must be asc or desc"),
+        ({"limit": "100000"}, "limit must be"),
+        ({"after": "bm90IGEgY3Vyc29y"}, "after is not a cursor"),
+        ({"start": "yesterday"}, "ISO 8601"),
+        ({"start": "2026-01-02", "end": "2026-01-01"}, "end must be after start"),
+        ({"class": "vip"}, "class must be one of"),
+    ],
+)
+def test_bad_parameters_get_400_with_a_clear_message(web: WebServer, query: dict[str, str], needle: str) -> None:
+    r = _get(web, "/api/search", params=query)
+    assert r.status_code == 400 and needle in r.json()["error"]
+    page = _get(web, "/search", params=query)
+    assert page.status_code == 400 and html.escape(needle, quote=True) in page.text
+
+
+def test_unknown_and_malformed_trace_ids(web: WebServer) -> None:
+    assert _get(web, "/api/trace/" + "ab" * 16).status_code == 404
+    assert _get(web, "/trace/" + "ab" * 16).status_code == 404
+    r = _get(web, "/api/trace/not-a-trace")
+    assert r.status_code == 400 and "hex" in r.json()["error"]
+    jump = _get(web, "/trace", params={"id": web.requests[2].trace_id.upper()}, follow_redirects=False)
+    assert jump.status_code == 303 and jump.headers["location"] == f"/trace/{web.requests[2].trace_id}"
+
+
+def test_bearer_token_guards_pages_and_api(generated: tuple[object, object]) -> None:
+    db, requests = generated
+    server, url = serve_app(db, api_token="s3cret")  # type: ignore[arg-type]
+    with server:
+        assert httpx.get(url + "/api/overview").status_code == 401
+        assert httpx.get(url + "/", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(url + "/api/overview", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        with httpx.Client(base_url=url, follow_redirects=True) as browser:
+            first = browser.get("/search", params={"token": "s3cret", "model": "qwen-7b"})
+            assert first.history and first.history[0].status_code == 303
+            assert "token" not in str(first.url) and "model=qwen-7b" in str(first.url)
+            assert first.status_code == 200
+            assert browser.get("/api/search").status_code == 200  # the cookie now carries the token
+        assert httpx.get(url + "/static/app.js").status_code == 401
+        server.server.config.app.state.db.close()  # type: ignore[attr-defined]
