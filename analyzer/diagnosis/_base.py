@@ -24,6 +24,7 @@ MAX_EXAMPLES = 5
 #: Time slices per window for the per-slice signals (arrival rate, load).
 TARGET_SLICES = 60
 MIN_SLICE_NS = 1_000_000_000
+NICE_SLICE_SECONDS = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 
 #: What to fix first, per complaint (DESIGN.md §5).
 FIX_FIRST: dict[str, str] = {
@@ -107,6 +108,16 @@ def ev(text: str, **numbers: Any) -> dict[str, Any]:
     return {"text": text, **clean}
 
 
+def compose(cte: str, sql: str) -> str:
+    """Gives `sql` under the `req` CTE; a query with its own WITH continues that CTE list."""
+    lines = sql.splitlines()
+    body = [ln for ln in lines if not ln.lstrip().startswith("--")]
+    text = "\n".join(body).lstrip()
+    if text[:4].upper() == "WITH" and text[4:5].isspace():
+        text = "," + text[4:]
+    return f"{cte}\n{text}"
+
+
 class Context:
     """One window of requests: the filtered `req` CTE and shared numbers, computed once."""
 
@@ -117,7 +128,7 @@ class Context:
 
     def query(self, name: str, extra: list[Any] | None = None) -> list[dict[str, Any]]:
         """Runs named query `name` over `req`; gives rows as dicts."""
-        cur = self.conn.execute(f"{self.cte}\n{queries.load(name)}", self.params + (extra or []))
+        cur = self.conn.execute(compose(self.cte, queries.load(name)), self.params + (extra or []))
         cols = [d[0] for d in cur.description or []]
         return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
 
@@ -138,13 +149,17 @@ class Context:
         """Length of one time slice: about TARGET_SLICES per window, at least a second."""
         span = int(self.overview.get("span_ns") or 0)
         raw = max(MIN_SLICE_NS, span // TARGET_SLICES)
-        # round to a whole second, or minute, so the evidence reads naturally
-        unit = 60 * 10**9 if raw >= 60 * 10**9 else 10**9
-        return max(unit, raw // unit * unit)
+        # a round length, so the evidence reads naturally ("busiest 10 % of minutes")
+        for seconds in NICE_SLICE_SECONDS:
+            if seconds * 10**9 >= raw:
+                return seconds * 10**9
+        return raw
 
     def slice_label(self) -> str:
         sec = self.slice_ns / 1e9
-        return f"{sec / 60:.0f}-minute" if sec >= 60 else f"{sec:.0f}-second"
+        if sec == 60:
+            return "minutes"
+        return f"{sec / 60:.0f}-minute slices" if sec >= 60 else f"{sec:.0f}-second slices"
 
     @property
     def time_bounds(self) -> tuple[int, int]:

@@ -19,19 +19,6 @@ MIN_QUEUE_P95_MS = 50.0
 MIN_E2E_RATIO = 1.3
 
 
-def _merge(rows: list[dict[str, Any]]) -> dict[str, float]:
-    n = sum(r["n"] for r in rows)
-    # request-weighted tails: close enough to the pooled p95 for a comparison
-    return {
-        "n": n,
-        "queue_p95": sum(r["queue_p95"] * r["n"] for r in rows) / n,
-        "e2e_p95": sum(r["e2e_p95"] * r["n"] for r in rows) / n,
-        "queue_share": sum((r["queue_share"] or 0) * r["e2e_total"] for r in rows)
-        / max(sum(r["e2e_total"] for r in rows), 1e-9),
-        "e2e_total": sum(r["e2e_total"] for r in rows),
-    }
-
-
 def detect(ctx: Context) -> Finding | None:
     cls = "interactive" if (ctx.overview.get("classes") or 0) > 1 else None
     tenants = [r for r in ctx.query("diag_tenants", [cls, cls]) if r["n"] >= MIN_PER_TENANT]
@@ -49,13 +36,16 @@ def detect(ctx: Context) -> Finding | None:
         acc += v
     heavy = heavy[: max(1, len(tenants) - 1)]
     light = [r for r in tenants if r not in heavy]
-    h, lt = _merge(heavy), _merge(light)
+    heavy_names = [r["tenant"] for r in heavy]
+    groups = {g["heavy"]: g for g in ctx.query("diag_tenant_groups", [heavy_names, cls, cls])}
+    h, lt = groups.get(True), groups.get(False)
+    if not h or not lt:
+        return None
     worse, better, worse_rows = (h, lt, heavy) if h["queue_p95"] >= lt["queue_p95"] else (lt, h, light)
     q_ratio = worse["queue_p95"] / max(better["queue_p95"], 1.0)
     e_ratio = worse["e2e_p95"] / max(better["e2e_p95"], 1e-9)
     if worse["queue_p95"] < MIN_QUEUE_P95_MS or q_ratio < MIN_QUEUE_RATIO or e_ratio < MIN_E2E_RATIO:
         return None
-    heavy_names = [r["tenant"] for r in heavy]
     who = "the heaviest tenants" if worse is h else "lighter tenants"
     names = ", ".join(r["tenant"] for r in worse_rows[:5])
     evidence = [

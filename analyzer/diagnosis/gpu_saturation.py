@@ -9,7 +9,7 @@ SATURATED_PCT = 95.0
 MIN_SAMPLES = 10
 MIN_SATURATED_FRACTION = 0.5
 #: a busy GPU with an empty queue is healthy: only report it when requests wait
-MIN_QUEUE_SHARE = 0.2
+MIN_QUEUE_SHARE = 0.1
 
 
 def detect(ctx: Context) -> Finding | None:
@@ -30,7 +30,9 @@ def detect(ctx: Context) -> Finding | None:
         ),
         ev(f"meanwhile queue is {pct(queue)} of E2E: work waits for the GPU", queue_share=queue),
     ]
-    affected, examples = ctx.traces(ctx.query("affected_window", [MIN_QUEUE_SHARE]))
+    affected, examples = ctx.traces(ctx.query(
+        "affected_gpu_saturation", [ctx.slice_ns, SATURATED_PCT, lo, hi, ctx.slice_ns]
+    ))
     return Finding(
         COMPLAINT,
         confidence((frac - MIN_SATURATED_FRACTION) / 0.2 + (queue - MIN_QUEUE_SHARE) / 0.2, n),

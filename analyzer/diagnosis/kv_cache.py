@@ -44,7 +44,11 @@ def detect(ctx: Context) -> Finding | None:
         return None
     queue = float(ctx.overview.get("queue_share") or 0.0)
     evidence.append(ev(f"queue is {pct(queue)} of E2E in this window", queue_share=queue))
-    affected, examples = ctx.traces(ctx.query("affected_window", [0.3]))
+    if kv.get("high"):
+        rows = ctx.query("affected_kv_cache_pressure", [ctx.slice_ns, HIGH_KV, lo, hi, ctx.slice_ns])
+    else:
+        rows = ctx.query("affected_gpu_saturation", [ctx.slice_ns, 0.0, lo, hi, ctx.slice_ns])
+    affected, examples = ctx.traces(rows)
     return Finding(
         COMPLAINT,
         confidence(strength, n),

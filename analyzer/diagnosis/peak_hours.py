@@ -41,7 +41,7 @@ def detect(ctx: Context) -> Finding | None:
     label = ctx.slice_label()
     evidence = [
         ev(
-            f"queue is {pct(qb)} of E2E for requests arriving in the busiest 10 % of {label} slices "
+            f"queue is {pct(qb)} of E2E for requests arriving in the busiest 10 % of {label} "
             f"vs {pct(qr)} otherwise",
             busy_queue_share=qb, baseline_queue_share=qr, slice_seconds=ctx.slice_ns / 1e9,
             busy_slices=busy_s["slices"], slices=busy_s["slices"] + rest_s["slices"],

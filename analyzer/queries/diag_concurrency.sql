@@ -1,7 +1,9 @@
--- Load per slice (? ns) by Little's law: requests in flight = summed time / slice length.
+-- Offered load per slice (? ns): compute work arriving (prefill + decode) / slice length,
+-- i.e. how many requests the engine must hold at once.  It excludes queue time on
+-- purpose: load measured through the queue would find queueing by construction.
 -- Requests in the most loaded quarter of slices against the least loaded half.
 WITH s AS (
-    SELECT start_ns // ? AS slice, sum(e2e_ms) * 1e6 / ? AS in_flight, count(*) AS arrivals
+    SELECT start_ns // ? AS slice, sum(prefill_ms + decode_ms) * 1e6 / ? AS in_flight, count(*) AS arrivals
     FROM req GROUP BY 1
 ),
 ranked AS (SELECT *, ntile(4) OVER (ORDER BY in_flight) AS q FROM s),

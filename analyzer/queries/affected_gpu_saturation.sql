@@ -1,0 +1,7 @@
+-- Requests arriving while the GPU was saturated (utilization >= ?), most queued first.
+WITH hot AS (
+    SELECT DISTINCT ts_ns // ? AS slice FROM gpu_samples
+    WHERE utilization_pct >= ? AND ts_ns BETWEEN ? AND ?
+)
+SELECT trace_id, kept FROM req SEMI JOIN hot ON req.start_ns // ? = hot.slice
+ORDER BY queue_ms DESC, e2e_ms DESC LIMIT 5000
