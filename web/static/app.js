@@ -25,20 +25,26 @@
       if (kind === "latency") {
         var m = s[el.getAttribute("data-metric")];
         var ps = ["p50", "p90", "p95", "p99"];
-        plot(el, ps.map(function (p) { return { label: p, stroke: COLORS[p], width: 1.5, spanGaps: true }; }),
+        plot(el, ps.map(function (p) { return { label: p, stroke: COLORS[p], width: 1.5, spanGaps: true, points: { show: false } }; }),
              [s.t].concat(ps.map(function (p) { return m[p]; })));
       } else if (kind === "rps") {
-        plot(el, [{ label: "req/s", stroke: "#1d232a", fill: "rgba(29,35,42,.08)", width: 1.5 }], [s.t, s.rps]);
+        plot(el, [{ label: "req/s", stroke: "#1d232a", fill: "rgba(29,35,42,.08)", width: 1.5, points: { show: false } }], [s.t, s.rps]);
       } else if (kind === "share") {
         // stacked: each line is the running sum so the bands read as shares of 100 %
+        // drawn top band first, so each lower band paints over the one above it
         var names = ["network", "queue", "prefill", "decode"];
         var acc = s.t.map(function () { return 0; });
         var stacked = names.map(function (b) {
           acc = acc.map(function (v, i) { return v + (s.share[b][i] || 0) * 100; });
           return acc.slice();
         });
-        plot(el, names.map(function (b) { return { label: b + " (cum. %)", stroke: COLORS[b], fill: COLORS[b] + "55", width: 1 }; }),
-             [s.t].concat(stacked), { scales: { x: { time: true }, y: { range: [0, 100] } } });
+        var order = [3, 2, 1, 0];
+        plot(el, order.map(function (i) {
+               return { label: names[i] + " (stacked %)", stroke: COLORS[names[i]], fill: COLORS[names[i]] + "cc",
+                        width: 1, points: { show: false } };
+             }),
+             [s.t].concat(order.map(function (i) { return stacked[i]; })),
+             { scales: { x: { time: true }, y: { range: [0, 100] } } });
       }
     });
   }
