@@ -47,7 +47,9 @@ SIGNALS: Sequence[tuple[str, Signal]] = (
 COMPLAINTS: tuple[str, ...] = tuple(c for c, _ in SIGNALS)
 
 #: A load-driven explanation makes "slow even for tiny prompts" a symptom, not the cause.
-_SUBSUMED_BY = {tiny_prompts.COMPLAINT: (peak_hours.COMPLAINT, bad_in_production.COMPLAINT)}
+_SUBSUMED_BY = {
+    tiny_prompts.COMPLAINT: (peak_hours.COMPLAINT, bad_in_production.COMPLAINT, gpu_saturation.COMPLAINT)
+}
 _SUBSUMED_FACTOR = 0.6
 
 

@@ -15,7 +15,7 @@ from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev
 COMPLAINT = "bad_in_production"
 PROD_NAMES = ("prod", "production", "prd", "live")
 MIN_PER_SIDE = 20
-MIN_E2E_RATIO = 1.5
+MIN_E2E_RATIO = 1.3
 MIN_QUEUE_SHARE_GAIN = 0.15
 MIN_PROD_QUEUE_SHARE = 0.25
 
@@ -35,7 +35,11 @@ def detect(ctx: Context) -> Finding | None:
 
 
 def _by_environment(ctx: Context, prod: dict[str, Any], base: dict[str, Any]) -> Finding | None:
-    ratio = (prod["e2e_p50"] or 0.0) / max(base["e2e_p50"] or 0.0, 1e-9)
+    # the median or the tail: production pain often shows in p95 first
+    ratio = max(
+        (prod["e2e_p50"] or 0.0) / max(base["e2e_p50"] or 0.0, 1e-9),
+        (prod["e2e_p95"] or 0.0) / max(base["e2e_p95"] or 0.0, 1e-9),
+    )
     qp, qb = prod["queue_share"] or 0.0, base["queue_share"] or 0.0
     if ratio < MIN_E2E_RATIO or qp < MIN_PROD_QUEUE_SHARE or qp - qb < MIN_QUEUE_SHARE_GAIN:
         return None

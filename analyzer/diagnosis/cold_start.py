@@ -8,10 +8,12 @@ COMPLAINT = "cold_start"
 MIN_WARM = 20
 MIN_RATIO = 3.0
 MIN_GAIN_MS = 200.0
+#: first-request-of-an-instance counts as a cold start only with this many instances in view
+MIN_INSTANCES = 2
 
 
 def detect(ctx: Context) -> Finding | None:
-    rows = {r["cold"]: r for r in ctx.query("diag_cold_start")}
+    rows = {r["cold"]: r for r in ctx.query("diag_cold_start", [MIN_INSTANCES])}
     cold, warm = rows.get(True), rows.get(False)
     if not cold or not warm or warm["n"] < MIN_WARM:
         return None
@@ -27,7 +29,7 @@ def detect(ctx: Context) -> Finding | None:
             warm_ttft_p50_ms=warm["wait_p50"], ratio=ratio,
         )
     ]
-    affected, examples = ctx.traces(ctx.query("affected_cold_start"))
+    affected, examples = ctx.traces(ctx.query("affected_cold_start", [MIN_INSTANCES]))
     strength = (ratio - MIN_RATIO) / 3 + min(1.0, gain / 2000.0)
     total = float(ctx.overview.get("e2e_total") or 1.0)
     return Finding(

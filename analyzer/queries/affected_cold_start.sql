@@ -1,7 +1,8 @@
--- Cold requests, slowest first.
-WITH r AS (
-    SELECT *, cold_start OR (instance <> '' AND row_number() OVER (PARTITION BY service, instance ORDER BY start_ns) = 1) AS cold
+-- Cold requests (as in diag_cold_start, with at least ? instances), slowest first.
+WITH firsts AS (
+    SELECT *, instance <> '' AND row_number() OVER (PARTITION BY service, instance ORDER BY start_ns) = 1 AS first_seen
     FROM req
 )
-SELECT trace_id, kept FROM r WHERE cold
+SELECT trace_id, kept FROM firsts
+WHERE cold_start OR (first_seen AND (SELECT count(*) FROM firsts WHERE first_seen) >= ?)
 ORDER BY coalesce(ttft_ms, ttft_client_ms, e2e_ms) DESC LIMIT 5000
