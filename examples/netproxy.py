@@ -109,6 +109,10 @@ class _Proxy:
                 _pipe(target_reader, client_writer, cfg.downstream_delay_ms / 1000.0),
                 return_exceptions=True,
             )
+        except asyncio.CancelledError:
+            # Only close() cancels a connection: end it quietly instead of leaving
+            # asyncio's stream callback to log the cancellation as an error.
+            pass
         finally:
             for writer in (client_writer, target_writer):
                 writer.close()

@@ -177,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run a real tiny LLM server under load and diagnose it")
     p.add_argument("--quick", action="store_true", help="a short CI-sized run")
     p.add_argument("--exit", action="store_true", help="stop after the report instead of keeping the UI up")
+    p.add_argument("--scenarios", default=None, help="comma-separated scenario names (default: all)")
     _add_db(p)
     return parser
 

@@ -40,6 +40,7 @@ class ServerConfig:
     tokenizer: str = "bpe"  # "bpe" (trained at start-up) or "byte"
     vocab_size: int = 4096
     warmup: bool = True  # one tiny request at start-up, so the first user does not pay for it
+    lazy_load: bool = False  # load the weights on the first request (fast start, cold first request)
     # tracing (tokentrace SDK); no endpoint: the server runs untraced
     otlp_endpoint: str | None = None  # e.g. http://127.0.0.1:4318
     service_name: str | None = None  # default: model_name

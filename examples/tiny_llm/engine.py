@@ -73,7 +73,7 @@ class TinyLLMEngine:
             max_seq_len=cfg.max_seq_len,
             seed=cfg.seed,
         )
-        self.model = build_model(self.model_config, cfg.device)
+        self.model = build_model(self.model_config, cfg.device, load_weights=not cfg.lazy_load)
         self.scheduler = Scheduler(
             self.model,
             SchedulerConfig(
@@ -86,6 +86,7 @@ class TinyLLMEngine:
             kv_slots=cfg.kv_slots,
             eos_id=self.tokenizer.eos_id,
             suppressed_ids=self._unprintable_ids(),
+            on_first_step=self.model.load_weights if cfg.lazy_load else None,
         )
         self.build_seconds = time.perf_counter() - started
         self._started = False

@@ -123,7 +123,7 @@ class TinyTransformer(nn.Module):
     - `decode`: one new token for each of several sequences at different lengths.
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, load_weights: bool = True) -> None:
         super().__init__()
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
@@ -132,7 +132,14 @@ class TinyTransformer(nn.Module):
         self.ln_final = nn.LayerNorm(config.d_model)
         # Untied: with random weights a tied head mostly echoes the last input token.
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self._init_weights(config.seed)
+        self.weights_loaded = False
+        if load_weights:
+            self.load_weights()
+
+    def load_weights(self) -> None:
+        """Fill the parameters with the seeded weights (the 'load from disk' of this model)."""
+        self._init_weights(self.config.seed)
+        self.weights_loaded = True
 
     def _init_weights(self, seed: int) -> None:
         # Wide, seeded weights: logits get a real spread, so greedy choices are
@@ -258,8 +265,13 @@ class TinyTransformer(nn.Module):
         return self._logits(x[:, 0])
 
 
-def build_model(config: ModelConfig, device: torch.device | str | None = None) -> TinyTransformer:
-    """Return the seeded model on `device` (CUDA when available), in eval mode."""
-    model = TinyTransformer(config).to(pick_device(str(device) if device else None))
+def build_model(
+    config: ModelConfig, device: torch.device | str | None = None, load_weights: bool = True
+) -> TinyTransformer:
+    """Return the seeded model on `device` (CUDA when available), in eval mode.
+
+    load_weights=False leaves the weights to `model.load_weights()` (lazy loading).
+    """
+    model = TinyTransformer(config, load_weights).to(pick_device(str(device) if device else None))
     model.eval()
     return model

@@ -206,8 +206,11 @@ class Scheduler:
         eos_id: int | None = None,
         suppressed_ids: list[int] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        on_first_step: Callable[[], None] | None = None,
     ) -> None:
         self.model = model
+        # Lazy initialization (e.g. loading weights on first use): run before the first step.
+        self._on_first_step = on_first_step
         self.config = config or SchedulerConfig()
         self.device = next(model.parameters()).device
         slots = kv_slots if kv_slots is not None else self.config.max_batch_size
@@ -355,6 +358,9 @@ class Scheduler:
         if plan.is_empty:
             return None
         error: str | None = None
+        if self._on_first_step is not None:
+            prepare, self._on_first_step = self._on_first_step, None
+            prepare()  # inside the step: its time is the first requests' cold start
         factory = self._step_context
         context = nullcontext() if factory is None else factory(plan, len(self._waiting))
         try:

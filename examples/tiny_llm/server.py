@@ -424,6 +424,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--service-name", default=None, help="service.name (default: model name)")
     parser.add_argument("--environment", default=None, help="deployment.environment.name")
     parser.add_argument("--no-warmup", action="store_true", help="skip the start-up request")
+    parser.add_argument(
+        "--lazy-load", action="store_true", help="load the weights on the first request"
+    )
     parser.add_argument("--log-level", default="info")
     return parser.parse_args(argv)
 
@@ -446,6 +449,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         service_name=args.service_name,
         environment=args.environment,
         warmup=False if args.no_warmup else None,
+        lazy_load=True if args.lazy_load else None,
     )
 
 

@@ -1,0 +1,259 @@
+"""The scenarios: each a real server configuration and a load shape from the shipped traces.
+
+Loads are sized for a 2-core CPU: token counts are scaled from the trace rows
+(the long/short mix survives), arrival times are the trace's own, compressed
+to fit the run, unless the complaint is about a shape (a peak, a batch flood)
+that the scenario builds on top of the trace rows. `quick` halves the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from examples.load.workloads import (
+    AZURE_CODE,
+    AZURE_CONV,
+    MOONCAKE_CONVERSATION,
+    RequestSpec,
+    Scaling,
+    assign_tenants,
+    load_workload,
+    with_bursts,
+    with_peak_window,
+    with_poisson_arrivals,
+)
+
+LoadFn = Callable[[bool], list[RequestSpec]]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One server process of a scenario and the load sent to it."""
+
+    load: LoadFn
+    server: dict[str, Any] = field(default_factory=dict)  # ServerConfig fields
+    proxy_delay_ms: float = 1.0  # one-way network delay through examples/netproxy.py
+    environment: str | None = None  # deployment.environment.name
+    concurrency: int | None = None  # None: open loop at the specs' arrival times
+    instances: int = 1  # >1: the load is split over this many fresh processes, one after another
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    complaint: str | None  # the complaint id the diagnosis should put first; None: no finding
+    story: str
+    deployments: tuple[Deployment, ...]  # run at the same time
+
+    @property
+    def service(self) -> str:
+        return f"tiny-llm-{self.name}"
+
+
+def _rows(trace: str, n: int, scaling: Scaling, skip: int = 0) -> list[RequestSpec]:
+    """Return `n` trace rows (after `skip`) with scaled token counts and trace arrivals from 0."""
+    specs = load_workload(trace, scaling=scaling, limit=skip + n)[skip:]
+    if not specs:
+        raise ValueError(f"trace {trace} has fewer than {skip + 1} rows")
+    t0 = specs[0].arrival_s
+    return [dataclasses.replace(s, arrival_s=s.arrival_s - t0) for s in specs]
+
+
+def _fit(specs: list[RequestSpec], duration_s: float) -> list[RequestSpec]:
+    """Compress the trace's own arrival times so the last request arrives at `duration_s`."""
+    span = max(s.arrival_s for s in specs) or 1.0
+    return [dataclasses.replace(s, arrival_s=s.arrival_s * duration_s / span) for s in specs]
+
+
+def _size(quick: bool, full: int) -> int:
+    return max(32, full // 2) if quick else full
+
+
+# ---- the loads ----------------------------------------------------------------
+
+SHORT_CHAT = Scaling(prompt_scale=0.05, output_scale=0.2, min_prompt_tokens=16,
+                     max_prompt_tokens=128, min_output_tokens=8, max_output_tokens=32)  # fmt: skip
+
+
+def healthy_load(quick: bool) -> list[RequestSpec]:
+    n = _size(quick, 72)
+    return _fit(_rows(AZURE_CONV, n, SHORT_CHAT), n / 3.0)
+
+
+def tiny_prompts_load(quick: bool) -> list[RequestSpec]:
+    tiny = Scaling(prompt_scale=0.01, output_scale=0.02, min_prompt_tokens=4,
+                   max_prompt_tokens=16, min_output_tokens=2, max_output_tokens=6)  # fmt: skip
+    n = _size(quick, 72)
+    return _fit(_rows(AZURE_CONV, n, tiny), n / 3.5)
+
+
+def long_wait_load(quick: bool) -> list[RequestSpec]:
+    # Mooncake's long-context conversations (RAG-like): prompts of thousands of tokens.
+    rag = Scaling(prompt_scale=0.05, output_scale=0.05, min_prompt_tokens=500,
+                  max_prompt_tokens=900, min_output_tokens=8, max_output_tokens=24)  # fmt: skip
+    n = _size(quick, 60)
+    return _fit(_rows(MOONCAKE_CONVERSATION, n, rag), n / 2.2)
+
+
+def stutter_load(quick: bool) -> list[RequestSpec]:
+    # Code completions (long context) mixed with chat streams (long answers).
+    streams = Scaling(prompt_scale=0.05, output_scale=0.5, min_prompt_tokens=16,
+                      max_prompt_tokens=64, min_output_tokens=64, max_output_tokens=96)  # fmt: skip
+    code = Scaling(prompt_scale=0.3, output_scale=0.5, min_prompt_tokens=400,
+                   max_prompt_tokens=800, min_output_tokens=4, max_output_tokens=8)  # fmt: skip
+    n = _size(quick, 64)
+    chat = _fit(_rows(AZURE_CONV, n // 2, streams), n / 5.0)
+    completions = _fit(_rows(AZURE_CODE, n // 2, code), n / 5.0)
+    return sorted(chat + completions, key=lambda s: s.arrival_s)
+
+
+def peak_load(quick: bool) -> list[RequestSpec]:
+    n = _size(quick, 100)
+    base = 2.0
+    calm = n * 0.2 / base  # a fifth of the requests before the peak
+    rows = _rows(AZURE_CONV, n, SHORT_CHAT)
+    return with_peak_window(rows, base, 14.0, peak_start_s=calm, peak_duration_s=n * 0.6 / 14.0)
+
+
+def tenants_load(quick: bool) -> list[RequestSpec]:
+    # bigcorp runs document jobs in bursts; small tenants chat at random times.
+    n = _size(quick, 80)
+    big = Scaling(prompt_scale=0.3, output_scale=1.0, min_prompt_tokens=200,
+                  max_prompt_tokens=500, min_output_tokens=48, max_output_tokens=64)  # fmt: skip
+    heavy = [
+        dataclasses.replace(s, tenant="bigcorp")
+        for s in with_bursts(_rows(AZURE_CODE, n // 2, big), burst_size=8, interval_s=n / 10.0)
+    ]
+    light = assign_tenants(
+        _fit(_rows(AZURE_CONV, n // 2, SHORT_CHAT, skip=200), n / 5.0),
+        {"small-co": 0.5, "tiny-startup": 0.5},
+    )
+    return sorted(heavy + light, key=lambda s: s.arrival_s)
+
+
+def batch_mode_load(quick: bool) -> list[RequestSpec]:
+    # Live chat all along; a batch job (summaries of long documents) in the middle third.
+    n = _size(quick, 80)
+    duration = n / 3.0
+    live = _fit(_rows(AZURE_CONV, n // 2, SHORT_CHAT), duration)
+    docs = Scaling(prompt_scale=0.3, output_scale=1.0, min_prompt_tokens=200,
+                   max_prompt_tokens=400, min_output_tokens=64, max_output_tokens=96)  # fmt: skip
+    batch_rows = _rows(AZURE_CODE, n // 2, docs, skip=100)
+    batch = [
+        dataclasses.replace(s, traffic_class="batch", tenant="nightly-jobs")
+        for s in with_poisson_arrivals(batch_rows, rate_per_s=(n // 2) / (duration / 3))
+    ]
+    batch = [dataclasses.replace(s, arrival_s=s.arrival_s + duration / 3) for s in batch]
+    return sorted(live + batch, key=lambda s: s.arrival_s)
+
+
+def staging_load(quick: bool) -> list[RequestSpec]:
+    n = _size(quick, 48) // 2 + 8
+    return _fit(_rows(AZURE_CONV, n, SHORT_CHAT, skip=300), n / 1.5)
+
+
+def production_load(quick: bool) -> list[RequestSpec]:
+    n = _size(quick, 96)
+    return _fit(_rows(AZURE_CONV, n, SHORT_CHAT), n / 8.0)
+
+
+def cold_start_load(quick: bool) -> list[RequestSpec]:
+    n = _size(quick, 72)
+    return _fit(_rows(AZURE_CONV, n, SHORT_CHAT, skip=400), n / 3.0)
+
+
+# ---- the scenarios ------------------------------------------------------------
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario(
+        "healthy",
+        None,
+        "A well-sized server near its users: chunked prefill, room in the batch, modest load.",
+        (Deployment(healthy_load, {"max_batch_size": 8, "prefill_chunk_size": 64}),),
+    ),
+    Scenario(
+        "tiny_prompts_slow",
+        "tiny_prompts_slow",
+        "Users far from the serving region (120 ms each way) send short prompts.",
+        (Deployment(tiny_prompts_load, {"max_batch_size": 8}, proxy_delay_ms=120.0),),
+    ),
+    Scenario(
+        "long_wait_then_fast",
+        "long_wait_then_fast",
+        "RAG prompts of ~500-900 tokens, unchunked, short answers: TTFT is the prefill.",
+        (Deployment(long_wait_load, {"max_batch_size": 4, "max_tokens_per_step": 2048}),),
+    ),
+    Scenario(
+        "stutter",
+        "stutter",
+        "Long code prompts are prefilled in the same steps as running chat streams (no chunking).",
+        (
+            Deployment(
+                stutter_load,
+                {
+                    "max_batch_size": 16,
+                    "max_tokens_per_step": 2048,
+                    "prefill_interrupts_decode": True,
+                },
+            ),
+        ),
+    ),
+    Scenario(
+        "peak_hours",
+        "peak_hours",
+        "Arrivals jump 7x for a while; the server admits everything into a small batch.",
+        (Deployment(peak_load, {"max_batch_size": 2, "batch_delay_ms": 20.0}),),
+    ),
+    Scenario(
+        "big_tenants_slower",
+        "big_tenants_slower",
+        "One tenant sends bursts of long jobs into the shared FIFO queue.",
+        (Deployment(tenants_load, {"max_batch_size": 4, "max_tokens_per_step": 2048}),),
+    ),
+    Scenario(
+        "batch_mode_breaks_live",
+        "batch_mode_breaks_live",
+        "A batch job shares the server with live chat under aggressive batching (big batches, 150 ms batch delay).",
+        (
+            Deployment(
+                batch_mode_load,
+                {"max_batch_size": 32, "batch_delay_ms": 150.0, "max_tokens_per_step": 4096},
+            ),
+        ),
+    ),
+    Scenario(
+        "bad_in_production",
+        "bad_in_production",
+        "The same build in staging (light traffic) and production (busy, tight batch): the queue shows up in production.",
+        (
+            Deployment(staging_load, {"max_batch_size": 2}, environment="staging"),
+            Deployment(
+                production_load,
+                {"max_batch_size": 2, "batch_delay_ms": 20.0},
+                environment="production",
+            ),
+        ),
+    ),
+    Scenario(
+        "cold_start",
+        "cold_start",
+        "Three fresh instances that load their weights on the first request, no warm-up.",
+        (
+            Deployment(
+                cold_start_load,
+                {"max_batch_size": 8, "warmup": False, "lazy_load": True},
+                instances=3,
+            ),
+        ),
+    ),
+)
+
+
+def get_scenario(name: str) -> Scenario:
+    for scenario in SCENARIOS:
+        if scenario.name == name:
+            return scenario
+    raise ValueError(f"unknown scenario {name!r}; known: {[s.name for s in SCENARIOS]}")

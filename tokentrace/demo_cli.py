@@ -1,0 +1,281 @@
+"""`tokentrace demo`: collector + explorer in-process, a real tiny LLM server under every complaint.
+
+For each scenario of `examples/scenarios` a fresh tiny server process (its own
+`service.name`) is traced through the SDK to this process's collector, and
+the load generator's client spans add the user's view. After each scenario
+the diagnosis of its service is printed; the explorer stays up until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+EXAMPLES_ENV = "TOKENTRACE_EXAMPLES"
+DEFAULT_DEMO_DB = Path("tokentrace-demo.duckdb")
+CLIENT_SERVICE = "tokentrace-demo-client"
+
+
+def find_examples(cwd: Path | None = None) -> Path:
+    """Gives the `examples/` folder: $TOKENTRACE_EXAMPLES, the repo around cwd, or next to the source."""
+    env = os.environ.get(EXAMPLES_ENV)
+    if env:
+        path = Path(env).expanduser().resolve()
+        if not (path / "scenarios").is_dir():
+            raise SystemExit(f"tokentrace demo: {EXAMPLES_ENV}={env} has no scenarios/ folder")
+        return path
+    here = (cwd or Path.cwd()).resolve()
+    source_root = Path(__file__).resolve().parent.parent
+    for base in [here, *here.parents, source_root]:
+        candidate = base / "examples"
+        if (candidate / "scenarios").is_dir() and (candidate / "tiny_llm").is_dir():
+            return candidate
+    raise SystemExit(
+        "tokentrace demo: cannot find the examples/ folder (tiny LLM server and scenarios). "
+        f"Run it inside a clone of the tokentrace repository, or set {EXAMPLES_ENV}=/path/to/examples."
+    )
+
+
+def _port(preferred: int, taken: set[int]) -> int:
+    """Gives `preferred` when it is free on 127.0.0.1, else any free port."""
+    for candidate in (preferred, 0):
+        if candidate in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+            port = int(s.getsockname()[1])
+            if port not in taken:
+                taken.add(port)
+                return port
+    return _port(0, taken)
+
+
+class DemoCollector:
+    """`tokentrace serve`'s parts (collector, OTLP receivers, web UI) on a background thread."""
+
+    def __init__(self, settings: Any) -> None:
+        from tokentrace.collector.service import Collector
+
+        self.settings = settings
+        self.collector = Collector(settings)
+        self._loop = asyncio.new_event_loop()
+        self._servers: list[Any] = []
+        self._grpc: Any = None
+        self._thread = threading.Thread(target=self._run, name="tokentrace-demo-collector", daemon=True)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def otlp_http(self) -> str:
+        return f"http://{self.settings.host}:{self.settings.http_port}"
+
+    @property
+    def web_url(self) -> str:
+        return f"http://{self.settings.host}:{self.settings.web_port}"
+
+    def start(self) -> None:
+        self.collector.start()
+        self._thread.start()
+        if not self._ready.wait(60) or self._error is not None:
+            raise SystemExit(f"tokentrace demo: collector did not start: {self._error}")
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._serve())
+        except BaseException as exc:  # reported by start()
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        import uvicorn
+
+        from tokentrace.collector.grpc_receiver import start_grpc_server
+        from tokentrace.collector.http_receiver import create_http_app
+
+        s, c = self.settings, self.collector
+        self._grpc, _ = start_grpc_server(c.pipeline, s.host, s.grpc_port, s.max_body_bytes, c.metrics)
+        apps: list[tuple[Any, int]] = [(create_http_app(c.pipeline, s.max_body_bytes, c.metrics), s.http_port)]
+        try:
+            from tokentrace.web.app import create_web_app
+        except ImportError:
+            create_web_app = None  # type: ignore[assignment]
+        if create_web_app is not None:
+            apps.append((create_web_app(s, c), s.web_port))
+        self._servers = [
+            uvicorn.Server(uvicorn.Config(app, host=s.host, port=port, log_level="warning", lifespan="off"))
+            for app, port in apps
+        ]
+        for server in self._servers:
+            server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        tasks = [asyncio.create_task(server.serve()) for server in self._servers]
+        while not all(server.started for server in self._servers):
+            if any(t.done() for t in tasks):
+                raise RuntimeError("a server stopped during start-up (port in use?)")
+            await asyncio.sleep(0.02)
+        self._ready.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def cursor(self) -> Any:
+        return self.collector.conn.cursor()
+
+    def stop(self) -> None:
+        if self._grpc is not None:
+            self._grpc.stop(grace=2).wait(5)
+        for server in self._servers:
+            server.should_exit = True
+        self._thread.join(15)
+        self.collector.close()
+
+
+def _wait_written(demo: DemoCollector, service: str, expected: int, timeout_s: float) -> int:
+    """Waits until the collector has decided `expected` requests of `service`; gives how many it has."""
+    deadline = time.monotonic() + timeout_s
+    count = 0
+    while time.monotonic() < deadline:
+        cur = demo.cursor()
+        try:
+            count = int(cur.execute("SELECT count(*) FROM requests WHERE service = ?", [service]).fetchone()[0])
+        finally:
+            cur.close()
+        if count >= expected:
+            # the client spans of the last requests may still be in their grace period
+            return count
+        time.sleep(0.25)
+    return count
+
+
+def _diagnose(demo: DemoCollector, service: str) -> dict[str, Any]:
+    from tokentrace.analyzer.filters import Filters
+    from tokentrace.analyzer.report import build_report
+
+    cur = demo.cursor()
+    try:
+        return build_report(cur, Filters(service=service))
+    finally:
+        cur.close()
+
+
+def _progress_printer(name: str, out: Any) -> Any:
+    tty = out.isatty()
+    last = [0.0]
+
+    def show(done: int, total: int) -> None:
+        now = time.monotonic()
+        if tty and (done == total or now - last[0] > 0.1):
+            last[0] = now
+            width = 24
+            filled = round(width * done / max(total, 1))
+            out.write(f"\r  {name:<24} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} requests")
+            out.flush()
+
+    return show
+
+
+def summarize_findings(report: dict[str, Any]) -> list[str]:
+    """Gives the compact per-scenario lines: top finding, its evidence, fix first."""
+    findings = report.get("findings") or []
+    req = report["requests"]
+    lines = [f"  {req['count']} requests traced, {req['kept_traces']} full traces kept"]
+    if not findings:
+        return [*lines, "  diagnosis: no complaint found"]
+    top = findings[0]
+    lines.append(f"  diagnosis: {top['complaint']} — {top['title']} (confidence {top['confidence']:.2f})")
+    for item in top.get("evidence", [])[:2]:
+        text = item.get("text") if isinstance(item, dict) else str(item)
+        lines.append(f"    evidence: {text}")
+    lines.append(f"    fix first: {top['fix_first']}")
+    if top.get("example_traces"):
+        lines.append(f"    example trace: {top['example_traces'][0]}")
+    others = [f["complaint"] for f in findings[1:]]
+    if others:
+        lines.append(f"    also found: {', '.join(others)}")
+    return lines
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """The `tokentrace demo` command."""
+    examples = find_examples()
+    repo = examples.parent
+    if str(repo) not in sys.path:
+        sys.path.insert(0, str(repo))
+    from examples.load.generator import PromptBuilder
+    from examples.scenarios import SCENARIOS, get_scenario, run_scenario
+
+    from tokentrace import instrumentation as tt
+    from tokentrace.collector.settings import resolve
+
+    wanted = getattr(args, "scenarios", None)
+    scenarios = [get_scenario(n.strip()) for n in wanted.split(",")] if wanted else list(SCENARIOS)
+    db = Path(args.db) if getattr(args, "db", None) else DEFAULT_DEMO_DB
+    if not getattr(args, "db", None) and db.exists():
+        db.unlink()  # a fresh demo database each run (an explicit --db is appended to)
+    taken: set[int] = set()
+    settings = resolve(
+        {
+            "db": db,
+            "http_port": _port(4318, taken),
+            "grpc_port": _port(4317, taken),
+            "web_port": _port(8600, taken),
+            "grace_s": 0.5,
+        }
+    )
+    out = sys.stdout
+    demo = DemoCollector(settings)
+    demo.start()
+    print(f"tokentrace demo: collector on {demo.otlp_http}, explorer on {demo.web_url}, db {settings.db}", flush=True)
+    print(f"examples: {examples}  ({'quick' if args.quick else 'full'} run, {len(scenarios)} scenarios)\n", flush=True)
+    tt.configure(endpoint=demo.otlp_http, service_name=CLIENT_SERVICE)
+    log_dir = Path(os.environ.get("TOKENTRACE_DEMO_LOGS", "")) if os.environ.get("TOKENTRACE_DEMO_LOGS") else None
+    prompts = PromptBuilder()
+    summary: list[tuple[str, str | None, str | None]] = []
+    try:
+        for scenario in scenarios:
+            print(f"▶ {scenario.name}: {scenario.story}", flush=True)
+            run = run_scenario(
+                scenario,
+                demo.otlp_http,
+                quick=args.quick,
+                progress=_progress_printer(scenario.name, out),
+                prompts=prompts,
+                log_dir=log_dir,
+            )
+            tt.get_tracing().force_flush()
+            if out.isatty():
+                out.write("\n")
+            ok = len(run.results) - run.errors
+            _wait_written(demo, scenario.service, ok, timeout_s=20.0)
+            time.sleep(settings.grace_s + 0.5)  # client spans of the last requests
+            report = _diagnose(demo, scenario.service)
+            print(f"  {len(run.results)} requests in {run.seconds:.1f} s ({run.errors} errors)")
+            for line in summarize_findings(report):
+                print(line)
+            top = report["findings"][0]["complaint"] if report.get("findings") else None
+            summary.append((scenario.name, scenario.complaint, top))
+            print(flush=True)
+        print("scenario                  expected                  diagnosed")
+        for name, expected, top in summary:
+            mark = "✓" if expected == top else "✗"
+            print(f"{mark} {name:<23} {expected or '(none)':<25} {top or '(none)'}")
+        print(f"\nexplore the traces: {demo.web_url}   (service = tiny-llm-<scenario>)", flush=True)
+        if not args.exit:
+            print("the explorer stays up; Ctrl-C to stop", flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                print()
+    finally:
+        tt.shutdown()
+        demo.stop()
+    return 0
