@@ -111,6 +111,7 @@ def vllm_trace(
 def sglang_trace(
     tokenize: float, wait: float, prefill: float, decode: float, *, other: float = 2.0,
     tokens: int = 16, wire: float | None = None, t0_ns: int = 1_700_000_000 * 10**9,
+    prompt: int = 50,
 ) -> tuple[list[Span], Truth]:
     tid = new_id(16)  # SGLang's own 64-bit trace ids
     e2e = tokenize + wait + prefill + decode + other
@@ -122,7 +123,7 @@ def sglang_trace(
         # SGLang's prefill attribute includes the queue wait
         "gen_ai.latency.time_in_model_prefill": (wait + prefill) / 1000,
         "gen_ai.latency.time_in_model_decode": decode / 1000,
-        "gen_ai.usage.prompt_tokens": 50,
+        "gen_ai.usage.prompt_tokens": prompt,
         "gen_ai.usage.completion_tokens": tokens,
     }
     root = span(tid, f" Req {tid[:8]}", 0, e2e, parent=client, attrs=attrs,
@@ -158,9 +159,11 @@ def tgi_trace(
     validation: float, queue: float, prefill: float, itl: float, tokens: int, *,
     handler: str = "generate_stream", wire: float | None = None,
     t0_ns: int = 1_700_000_000 * 10**9, attrs_only: bool = False,
+    gaps: list[float] | None = None,
 ) -> tuple[list[Span], Truth]:
     tid = new_id(32)
-    decode = itl * (tokens - 1)
+    gaps = gaps if gaps is not None else [itl] * (tokens - 1)
+    decode = sum(gaps)
     e2e = validation + queue + prefill + decode
     client = client_wrap(tid, 0, e2e, wire, t0_ns) if wire is not None else None
     attrs = {
@@ -178,7 +181,7 @@ def tgi_trace(
         spans.append(span(tid, "queued", validation, queue, h, t0_ns=t0_ns))
         t = validation + queue
         for i in range(tokens):
-            d = prefill if i == 0 else itl
+            d = prefill if i == 0 else gaps[i - 1]
             spans.append(span(tid, "infer", t, d, h, t0_ns=t0_ns,
                               links=[SpanLink(new_id(32), new_id(), {})]))
             t += d
