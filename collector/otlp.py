@@ -60,12 +60,11 @@ def _any_value(v: AnyValue) -> Any:
 def _array(values: Any) -> list[Any]:
     if not values:
         return []
+    # OTLP arrays are homogeneous (the spec says so); checking both ends catches
+    # the usual violations without a per-element type check on long token arrays
     first = values[0].WhichOneof("value")
-    if first in _SCALARS:
-        out = [getattr(x, first) for x in values]
-        # every element must hold the same type, else read each on its own
-        if all(x.WhichOneof("value") == first for x in values):
-            return out
+    if first in _SCALARS and values[-1].WhichOneof("value") == first:
+        return [getattr(x, first) for x in values]
     return [_any_value(x) for x in values]
 
 

@@ -100,6 +100,12 @@ class CollectorMetrics:
         self.writer_queue = Gauge(
             "tokentrace_writer_queue_batches", "batches waiting for the DuckDB writer", registry=r
         )
+        self.requests_written = Gauge(
+            "tokentrace_requests_written", "request summary rows committed to DuckDB", registry=r
+        )
+        self.spans_written = Gauge(
+            "tokentrace_spans_written", "span rows of kept traces committed to DuckDB", registry=r
+        )
         self.write_errors = Gauge(
             "tokentrace_write_errors", "DuckDB write transactions that failed", registry=r
         )

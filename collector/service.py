@@ -59,6 +59,8 @@ class Collector:
         m.buffered_traces.set(self.pipeline.buffered_traces)
         m.writer_queue.set(self.writer.pending)
         m.write_errors.set(self.writer.write_errors)
+        m.requests_written.set(self.writer.requests_written)
+        m.spans_written.set(self.writer.spans_written)
 
     def start(self) -> None:
         self.pipeline.start()

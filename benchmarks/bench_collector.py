@@ -1,0 +1,136 @@
+"""Collector throughput: end-to-end persisted spans/s with tail sampling on, peak RSS,
+and beside it the raw protobuf parse rate of the same payloads (the ceiling).
+
+    python benchmarks/bench_collector.py [--seconds 20] [--traces-per-export 200]
+
+It starts a real `tokentrace serve` (default sampling: 2 % baseline, p99 per
+model/route, errors), sends prebuilt OTLP/HTTP protobuf exports from two
+threads as fast as the collector accepts them (503s are retried), and counts a
+span as persisted once the summary row of its request is committed to DuckDB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from otlp_load import SPANS_PER_TRACE, build_payloads, send  # noqa: E402
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def metric(text: str, name: str) -> float:
+    m = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def parse_rate(payloads: list[bytes], spans: int) -> float:
+    """Gives spans/s of bare `ParseFromString` over the payloads (best of 3)."""
+    best = 0.0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for body in payloads:
+            ExportTraceServiceRequest().ParseFromString(body)
+        best = max(best, spans * len(payloads) / (time.perf_counter() - t0))
+    return best
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def start_serve(db: Path, port: int, extra: list[str]) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "tokentrace", "serve", "--db", str(db), "--http-port", str(port),
+           "--grpc-port", str(free_port()), "--web-port", str(free_port()), *extra]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/metrics")
+            return proc
+        except httpx.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("tokentrace serve did not start")
+
+
+def run(seconds: float, traces_per_export: int, grace_s: float, extra: list[str]) -> dict[str, float]:
+    payloads = build_payloads(64, traces_per_export)
+    spans_per_export = traces_per_export * SPANS_PER_TRACE
+    ceiling = parse_rate(payloads, spans_per_export)
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        proc = start_serve(Path(tmp) / "bench.duckdb", port, ["--grace-s", str(grace_s), *extra])
+        endpoint = f"http://127.0.0.1:{port}"
+        try:
+            t0 = time.perf_counter()
+            load = send(endpoint, payloads, spans_per_export, seconds=seconds, workers=2)
+            sent_traces = load.spans_accepted // SPANS_PER_TRACE
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                text = httpx.get(f"{endpoint}/metrics").text
+                if metric(text, "tokentrace_requests_written") >= sent_traces:
+                    break
+                time.sleep(0.05)
+            elapsed = time.perf_counter() - t0
+            text = httpx.get(f"{endpoint}/metrics").text
+            rss = peak_rss_mb(proc.pid)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    written = metric(text, "tokentrace_requests_written")
+    return {
+        "spans_accepted": load.spans_accepted,
+        "requests_written": written,
+        "spans_kept_written": metric(text, "tokentrace_spans_written"),
+        "refusals_retried": load.retries,
+        "errors": len(load.errors),
+        "elapsed_s": elapsed,
+        "persisted_spans_per_s": written * SPANS_PER_TRACE / elapsed,
+        "parse_ceiling_spans_per_s": ceiling,
+        "peak_rss_mb": rss,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=20.0, help="how long to send")
+    ap.add_argument("--traces-per-export", type=int, default=200)
+    ap.add_argument("--grace-s", type=float, default=0.5)
+    ap.add_argument("serve_args", nargs="*", help="extra `tokentrace serve` flags (after --)")
+    args = ap.parse_args()
+    r = run(args.seconds, args.traces_per_export, args.grace_s, args.serve_args)
+    print(f"cores: {os.cpu_count()}  payload: {args.traces_per_export} traces x "
+          f"{SPANS_PER_TRACE} spans per export, grace {args.grace_s}s")  # fmt: skip
+    print(f"accepted {r['spans_accepted']:.0f} spans; stored {r['requests_written']:.0f} request "
+          f"summaries (every request) and {r['spans_kept_written']:.0f} kept spans; "
+          f"{r['refusals_retried']:.0f} 503s retried; {r['errors']:.0f} errors")  # fmt: skip
+    lost = r["spans_accepted"] / SPANS_PER_TRACE - r["requests_written"]
+    print(f"persisted end-to-end:   {r['persisted_spans_per_s']:>10,.0f} spans/s  (lost: {lost:.0f})")
+    print(f"raw protobuf parse:     {r['parse_ceiling_spans_per_s']:>10,.0f} spans/s  (ceiling)")
+    print(f"ratio persisted/parse:  {r['persisted_spans_per_s'] / r['parse_ceiling_spans_per_s']:>10.3f}")
+    print(f"peak RSS of the collector: {r['peak_rss_mb']:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
