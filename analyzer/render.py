@@ -71,3 +71,51 @@ def render_text(report: dict[str, Any]) -> str:
         if f.get("example_traces"):
             lines.append(f"       example traces: {', '.join(f['example_traces'][:3])}")
     return "\n".join(lines) + "\n"
+
+
+def _md_escape(text: object) -> str:
+    """Escapes the characters markdown tables and emphasis would read."""
+    s = str(text)
+    for ch in ("\\", "|", "*", "_", "`", "<", ">", "[", "]"):
+        s = s.replace(ch, "\\" + ch)
+    return s
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """Gives the report as GitHub-flavoured markdown (tables, a list of findings)."""
+    req = report["requests"]
+    out = [
+        "# tokentrace report",
+        "",
+        f"**{req['count']}** requests, {req['kept_traces']} kept traces, {req['errors']} errors.",
+        "",
+    ]
+    if not req["count"]:
+        out.append("No requests in this window.")
+        return "\n".join(out) + "\n"
+    out += ["## Latency", "", "| | " + " | ".join(PERCENTILES) + " |", "|---|" + "---:|" * len(PERCENTILES)]
+    for key, label in (("e2e", "end-to-end"), ("ttft", "TTFT"), ("ttft_client", "TTFT (user)"),
+                       ("tpot", "TPOT"), ("itl", "ITL")):
+        row = report["latency"][key]
+        if all(v is None for v in row.values()):
+            continue
+        out.append(f"| {label} | " + " | ".join(_ms(row[p]) for p in PERCENTILES) + " |")
+    out += ["", "## Where the time goes", "", "| bucket | share | p50 | p99 |", "|---|---:|---:|---:|"]
+    for b in BUCKETS:
+        bucket = report["buckets"][b]
+        if b == "network" and not bucket.get("measured"):
+            out.append("| network | not measured | | |")
+            continue
+        out.append(f"| {b} | {(bucket['share'] or 0) * 100:.1f} % | {_ms(bucket['p50'])} | {_ms(bucket['p99'])} |")
+    out += ["", "## Diagnosis", ""]
+    findings = report.get("findings") or []
+    if not findings:
+        out.append("No latency complaint stands out in this window.")
+    for i, f in enumerate(findings, 1):
+        out.append(f"{i}. **{_md_escape(f['title'])}** (`{_md_escape(f['complaint'])}`, confidence {f['confidence']:.0%})")
+        for e in f.get("evidence", []):
+            out.append(f"   - {_md_escape(e.get('text', e) if isinstance(e, dict) else e)}")
+        out.append(f"   - *Fix first:* {_md_escape(f['fix_first'])}")
+        if f.get("example_traces"):
+            out.append("   - Example traces: " + ", ".join(f"`{_md_escape(t)}`" for t in f["example_traces"][:5]))
+    return "\n".join(out) + "\n"

@@ -58,6 +58,41 @@ def itl_percentiles(conn: duckdb.DuckDBPyConnection, filters: Filters) -> dict[s
     return out
 
 
+def itl_histogram(conn: duckdb.DuckDBPyConnection, filters: Filters) -> list[dict[str, float]]:
+    """Gives the ITL distribution: per non-empty bucket its upper bound (ms) and gap count."""
+    _, rows = run_query(conn, "itl_histogram", filters)
+    bounds = ITL_BUCKET_BOUNDS_MS
+    return [
+        {"le_ms": bounds[b] if b < len(bounds) else None, "count": int(n)} for b, n in rows
+    ]
+
+
+def timeline(
+    conn: duckdb.DuckDBPyConnection, filters: Filters, span_ns: int
+) -> dict[str, Any]:
+    """Gives e2e / TTFT percentiles per time slice (about 60 slices over the window)."""
+    from tokentrace.analyzer.diagnosis._base import NICE_SLICE_SECONDS, TARGET_SLICES
+
+    raw = max(10**9, span_ns // TARGET_SLICES)
+    slice_ns = next((s * 10**9 for s in NICE_SLICE_SECONDS if s * 10**9 >= raw), raw)
+    _, rows = run_query(conn, "timeline", filters, [slice_ns, slice_ns])
+    points = []
+    for start, n, e2e, ttft, queue_share in rows:
+        points.append(
+            {
+                "start_ns": int(start),
+                "requests": int(n),
+                "e2e_p50": round(e2e[0], 3),
+                "e2e_p95": round(e2e[1], 3),
+                "e2e_p99": round(e2e[2], 3),
+                "ttft_p50": None if ttft is None or ttft[0] is None else round(ttft[0], 3),
+                "ttft_p95": None if ttft is None or ttft[1] is None else round(ttft[1], 3),
+                "queue_share": None if queue_share is None else round(queue_share, 4),
+            }
+        )
+    return {"slice_ns": slice_ns, "points": points}
+
+
 def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> dict[str, Any]:
     """Gives the report of the window: requests, latency, buckets, findings."""
     filters = filters or Filters()
@@ -98,5 +133,10 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
         },
         "buckets": buckets,
         "findings": diagnose(conn, filters) if r["requests"] else [],
+        # chart data (html report, web explorer)
+        "timeline": timeline(conn, filters, int((r["last_start_ns"] or 0) - (r["first_start_ns"] or 0)))
+        if r["requests"]
+        else {"slice_ns": None, "points": []},
+        "itl_histogram": itl_histogram(conn, filters) if r["requests"] else [],
     }
     return report

@@ -6,12 +6,18 @@ import argparse
 import sys
 
 from tokentrace.analyzer.filters import Filters
-from tokentrace.analyzer.render import render_json, render_text
+from tokentrace.analyzer.render import render_json, render_markdown, render_text
+from tokentrace.analyzer.render_html import render_html
 from tokentrace.analyzer.report import build_report
 
 from tokentrace.store.connection import open_read_only
 
-RENDERERS = {"text": render_text, "json": render_json}
+RENDERERS = {
+    "text": render_text,
+    "markdown": render_markdown,
+    "json": render_json,
+    "html": render_html,
+}
 
 
 def run_report(args: argparse.Namespace, filters: Filters) -> int:

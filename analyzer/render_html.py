@@ -1,0 +1,145 @@
+"""The self-contained HTML report: inline SVG charts, no script, no network.
+
+Every value that comes from data is escaped with `html.escape`; the page has
+no external reference, so it opens from a file on an air-gapped machine.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+from tokentrace.analyzer.report import BUCKETS, PERCENTILES
+
+W, H, PAD = 720, 220, 44
+COLORS = {"network": "#6c8ebf", "queue": "#d79b00", "prefill": "#b85450", "decode": "#82b366",
+          "e2e_p50": "#1f77b4", "e2e_p95": "#ff7f0e", "e2e_p99": "#d62728", "ttft_p50": "#2ca02c"}
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "—"
+    return f"{v / 1000:.2f} s" if v >= 10_000 else f"{v:.1f} ms"
+
+
+def _timeline_svg(timeline: dict[str, Any]) -> str:
+    pts = timeline.get("points") or []
+    if len(pts) < 2:
+        return "<p>Not enough time slices for a chart.</p>"
+    series = ("e2e_p50", "e2e_p95", "e2e_p99", "ttft_p50")
+    t0, t1 = pts[0]["start_ns"], pts[-1]["start_ns"]
+    top = max((p[s] or 0) for p in pts for s in series) or 1.0
+    def x(t: int) -> float:
+        return PAD + (W - 2 * PAD) * (t - t0) / max(t1 - t0, 1)
+    def y(v: float) -> float:
+        return H - PAD + 0 - (H - 2 * PAD) * v / top
+    parts = [f'<svg viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="latency percentiles over time">']
+    parts.append(f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" stroke="#999"/>')
+    parts.append(f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{H - PAD}" stroke="#999"/>')
+    parts.append(f'<text x="{PAD - 4}" y="{PAD}" text-anchor="end" font-size="10">{_e(_ms(top))}</text>')
+    parts.append(f'<text x="{PAD - 4}" y="{H - PAD}" text-anchor="end" font-size="10">0</text>')
+    minutes = (t1 - t0) / 6e10
+    parts.append(f'<text x="{W - PAD}" y="{H - PAD + 14}" text-anchor="end" font-size="10">+{minutes:.1f} min</text>')
+    for i, s in enumerate(series):
+        line = " ".join(f"{x(p['start_ns']):.1f},{y(p[s]):.1f}" for p in pts if p.get(s) is not None)
+        if not line:
+            continue
+        parts.append(f'<polyline fill="none" stroke="{COLORS[s]}" stroke-width="1.5" points="{line}"/>')
+        parts.append(f'<text x="{PAD + 8 + i * 90}" y="{PAD - 10}" font-size="11" fill="{COLORS[s]}">{_e(s.replace("_", " "))}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _buckets_svg(buckets: dict[str, Any]) -> str:
+    parts = [f'<svg viewBox="0 0 {W} 60" width="{W}" height="60" role="img" aria-label="bucket shares">']
+    xpos = float(PAD)
+    span = W - 2 * PAD
+    for b in BUCKETS:
+        share = buckets[b].get("share") or 0.0
+        w = span * share
+        if w > 0:
+            parts.append(f'<rect x="{xpos:.1f}" y="8" width="{w:.1f}" height="24" fill="{COLORS[b]}"><title>{_e(b)} {share * 100:.1f} %</title></rect>')
+            if w > 60:
+                parts.append(f'<text x="{xpos + 4:.1f}" y="24" font-size="11" fill="#fff">{_e(b)} {share * 100:.0f} %</text>')
+        xpos += w
+    legend = "".join(
+        f'<rect x="{PAD + i * 120}" y="42" width="10" height="10" fill="{COLORS[b]}"/>'
+        f'<text x="{PAD + 14 + i * 120}" y="51" font-size="11">{_e(b)} {(buckets[b].get("share") or 0) * 100:.1f} %</text>'
+        for i, b in enumerate(BUCKETS)
+    )
+    return "".join(parts) + legend + "</svg>"
+
+
+def _itl_svg(hist: list[dict[str, Any]]) -> str:
+    if not hist:
+        return "<p>No inter-token gaps recorded.</p>"
+    top = max(h["count"] for h in hist) or 1
+    n = len(hist)
+    bw = (W - 2 * PAD) / n
+    parts = [f'<svg viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="inter-token gap distribution">']
+    for i, h in enumerate(hist):
+        bh = (H - 2 * PAD) * math.log1p(h["count"]) / math.log1p(top)
+        label = "∞" if h["le_ms"] is None else _ms(h["le_ms"])
+        parts.append(
+            f'<rect x="{PAD + i * bw:.1f}" y="{H - PAD - bh:.1f}" width="{max(bw - 1, 1):.1f}" height="{bh:.1f}" fill="#82b366">'
+            f'<title>≤ {_e(label)}: {_e(h["count"])} gaps</title></rect>'
+        )
+    first = hist[0]["le_ms"]
+    last = hist[-1]["le_ms"]
+    parts.append(f'<text x="{PAD}" y="{H - PAD + 14}" font-size="10">≤ {_e(_ms(first))}</text>')
+    parts.append(f'<text x="{W - PAD}" y="{H - PAD + 14}" font-size="10" text-anchor="end">≤ {_e("∞" if last is None else _ms(last))}</text>')
+    parts.append(f'<text x="{PAD}" y="{PAD - 10}" font-size="11">gaps per bucket (log scale)</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def render_html(report: dict[str, Any]) -> str:
+    """Gives the report as one self-contained HTML page with inline SVG charts."""
+    req = report["requests"]
+    rows = []
+    for key, label in (("e2e", "end-to-end"), ("ttft", "TTFT"), ("ttft_client", "TTFT (user)"),
+                       ("tpot", "TPOT"), ("itl", "ITL")):
+        row = report["latency"][key]
+        if all(v is None for v in row.values()):
+            continue
+        rows.append(f"<tr><th>{_e(label)}</th>" + "".join(f"<td>{_e(_ms(row[p]))}</td>" for p in PERCENTILES) + "</tr>")
+    findings = []
+    for f in report.get("findings") or []:
+        evidence = "".join(f"<li>{_e(e.get('text', '') if isinstance(e, dict) else e)}</li>" for e in f.get("evidence", []))
+        examples = ", ".join(f"<code>{_e(t)}</code>" for t in f.get("example_traces", [])[:5])
+        findings.append(
+            f'<section class="finding"><h3>{_e(f["title"])} <small>{_e(f["complaint"])} · confidence '
+            f"{_e(format(f['confidence'], '.0%'))}</small></h3><ul>{evidence}</ul>"
+            f'<p><b>Fix first:</b> {_e(f["fix_first"])}</p>'
+            + (f"<p>Example traces: {examples}</p>" if examples else "")
+            + "</section>"
+        )
+    body = [
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>tokentrace report</title>",
+        "<style>body{font:14px system-ui,sans-serif;margin:2em;max-width:800px;color:#222}"
+        "table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right;border-bottom:1px solid #eee}"
+        "th{text-align:left}.finding{border-left:4px solid #d79b00;padding-left:1em;margin:1em 0}"
+        "small{color:#666;font-weight:normal}</style></head><body>",
+        "<h1>tokentrace report</h1>",
+        f"<p><b>{_e(req['count'])}</b> requests · {_e(req['kept_traces'])} kept traces · {_e(req['errors'])} errors</p>",
+    ]
+    if req["count"]:
+        body += [
+            "<h2>Diagnosis</h2>",
+            "".join(findings) or "<p>No latency complaint stands out in this window.</p>",
+            "<h2>Latency</h2><table><tr><th></th>" + "".join(f"<th>{_e(p)}</th>" for p in PERCENTILES) + "</tr>",
+            "".join(rows) + "</table>",
+            "<h2>Latency over time</h2>", _timeline_svg(report.get("timeline") or {}),
+            "<h2>Where the time goes</h2>", _buckets_svg(report["buckets"]),
+            "" if report["buckets"]["network"].get("measured") else "<p>Network not measured: no client spans.</p>",
+            "<h2>Inter-token gaps</h2>", _itl_svg(report.get("itl_histogram") or []),
+        ]
+    else:
+        body.append("<p>No requests in this window.</p>")
+    body.append("</body></html>\n")
+    return "\n".join(body)

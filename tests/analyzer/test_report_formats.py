@@ -1,0 +1,78 @@
+"""`tokentrace report` in every format, from a real database, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tokentrace.analyzer.report import build_report
+
+from . import workloads
+
+
+@pytest.fixture
+def db(write_workload, tmp_path: Path) -> Path:  # type: ignore[no-untyped-def]
+    w = workloads.big_tenants_slower()
+    for r in w.requests:
+        if r.tenant == "megacorp":
+            r.tenant = "<script>alert('x')</script>&co"
+    write_workload(w, name="r.duckdb").close()
+    return tmp_path / "r.duckdb"
+
+
+def _report(db: Path, fmt: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tokentrace", "report", "--db", str(db), "--format", fmt],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_json_is_the_design_contract(db: Path) -> None:
+    report = json.loads(_report(db, "json"))
+    assert set(report) >= {"requests", "latency", "buckets", "findings"}
+    assert set(report["latency"]) >= {"e2e", "ttft", "tpot", "itl"}
+    assert set(report["latency"]["e2e"]) == {"p50", "p90", "p95", "p99"}
+    for b in ("network", "queue", "prefill", "decode"):
+        assert "share" in report["buckets"][b]
+    shares = sum(report["buckets"][b]["share"] for b in ("network", "queue", "prefill", "decode"))
+    assert shares == pytest.approx(1.0, abs=1e-3)
+    f = report["findings"][0]
+    assert set(f) >= {"complaint", "title", "confidence", "evidence", "example_traces", "fix_first",
+                      "affected_trace_ids"}
+    assert report["timeline"]["points"] and report["itl_histogram"]
+
+
+def test_text_and_markdown_show_the_diagnosis(db: Path) -> None:
+    text = _report(db, "text")
+    assert "big_tenants_slower" in text and "fix first" in text
+    md = _report(db, "markdown")
+    assert md.startswith("# tokentrace report")
+    assert "| end-to-end |" in md and "big\\_tenants\\_slower" in md
+    assert "<script>" not in md
+
+
+def test_html_is_self_contained_and_escaped(db: Path) -> None:
+    page = _report(db, "html")
+    assert page.startswith("<!doctype html>")
+    assert page.count("<svg") == 3
+    assert "<script" not in page and "&lt;script&gt;" in page
+    # nothing to fetch: no external URL, stylesheet or script reference
+    assert not re.search(r"(src|href)\s*=", page)
+    assert "http://" not in page and "https://" not in page
+
+
+def test_empty_database_reports_cleanly(write_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    conn = write_workload(workloads.Workload(requests=[]), name="empty.duckdb")
+    report = build_report(conn)
+    assert report["requests"]["count"] == 0 and report["findings"] == []
+    from tokentrace.analyzer.render import render_markdown, render_text
+    from tokentrace.analyzer.render_html import render_html
+
+    for render in (render_text, render_markdown, render_html):
+        assert render(report)
