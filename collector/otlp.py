@@ -6,6 +6,7 @@ import base64
 import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -42,6 +43,7 @@ class Rejected:
 # dispatch on the oneof name; arrays of one scalar type (token offsets: the
 # biggest attribute of a request span) take a list comprehension.
 _SCALARS = frozenset(("string_value", "int_value", "double_value", "bool_value"))
+_GETTERS = {name: attrgetter(name) for name in _SCALARS}
 
 
 def _any_value(v: AnyValue) -> Any:
@@ -64,7 +66,7 @@ def _array(values: Any) -> list[Any]:
     # the usual violations without a per-element type check on long token arrays
     first = values[0].WhichOneof("value")
     if first in _SCALARS and values[-1].WhichOneof("value") == first:
-        return [getattr(x, first) for x in values]
+        return list(map(_GETTERS[first], values))
     return [_any_value(x) for x in values]
 
 
@@ -124,6 +126,8 @@ def spans_from_request(request: ExportTraceServiceRequest) -> tuple[list[Span], 
                     continue
                 events = ps.events
                 links = ps.links
+                attributes = ps.attributes
+                status = ps.status
                 append(
                     Span(
                         trace_id.hex(),
@@ -133,10 +137,10 @@ def spans_from_request(request: ExportTraceServiceRequest) -> tuple[list[Span], 
                         ps.kind,
                         ps.start_time_unix_nano,
                         ps.end_time_unix_nano,
-                        _attrs(ps.attributes),
+                        _attrs(attributes) if attributes else {},
                         resource,
-                        ps.status.code,
-                        ps.status.message,
+                        status.code,
+                        status.message,
                         [SpanEvent(e.name, e.time_unix_nano, _attrs(e.attributes)) for e in events]
                         if events
                         else [],
