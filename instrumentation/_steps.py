@@ -171,7 +171,7 @@ class EngineStep:
         "queue_depth",
         "kv_usage",
         "prefill_tokens",
-        "decode_seqs",
+        "prefill_seqs",
         "request_ids",
         "tally",
         "start_ns",
@@ -182,7 +182,7 @@ class EngineStep:
         self.queue_depth = queue_depth
         self.kv_usage = kv_usage
         self.prefill_tokens = 0
-        self.decode_seqs = 0
+        self.prefill_seqs = 0
         self.request_ids: list[str] = []
         #: forward passes run inside this step (set by `instrument_model`)
         self.tally: DeviceTally | None = None
@@ -192,12 +192,12 @@ class EngineStep:
     def prefill(self, request_id: str, tokens: int) -> None:
         """Records that this step prefilled `tokens` prompt tokens of `request_id`."""
         self.prefill_tokens += tokens
+        self.prefill_seqs += 1
         self.request_ids.append(request_id)
 
     def decode(self, request_id: str) -> None:
         """Records that this step decoded one token of `request_id`."""
-        self.decode_seqs += 1
-        self.request_ids.append(request_id)
+        self.request_ids.append(request_id)  # decode_seqs is counted at exit: one append here
 
     def __enter__(self) -> EngineStep:
         self._ctx_token = _current_step.set(self)
@@ -209,14 +209,16 @@ class EngineStep:
         if self._ctx_token is not None:
             _current_step.reset(self._ctx_token)
             self._ctx_token = None
-        ids = list(dict.fromkeys(self.request_ids))  # a chunked prefill may list one request twice
+        all_ids = self.request_ids
+        decode_seqs = len(all_ids) - self.prefill_seqs
+        ids = list(dict.fromkeys(all_ids))  # a chunked prefill may list one request twice
         kv = -1.0 if self.kv_usage is None else float(self.kv_usage)
         recorder.append(
             (
                 self.start_ns,
                 end_ns,
                 self.prefill_tokens,
-                self.decode_seqs,
+                decode_seqs,
                 len(ids),
                 self.queue_depth,
                 ",".join(ids),
