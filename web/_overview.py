@@ -5,16 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 import duckdb
-from tokentrace.analyzer.report import build_report
+from tokentrace.analyzer.filters import Filters
 from tokentrace.web import queries
 from tokentrace.web._db import time_limit
 from tokentrace.web._params import BUCKETS, WINDOWS_NS, ViewFilters
+from tokentrace.web._report_cache import ReportCache
 
 PERCENTILES = ("p50", "p90", "p95", "p99")
 METRICS = ("e2e", "ttft", "tpot", "itl")
 #: Bin widths a chart may use, in seconds; the smallest that gives <= MAX_BINS bins wins.
 _BIN_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
 MAX_BINS = 120
+#: How long the overview waits for a report not yet cached before showing the headline.
+REPORT_WAIT_S = 0.25
 
 
 def newest_start_ns(cur: duckdb.DuckDBPyConnection) -> int | None:
@@ -41,12 +44,45 @@ def bin_seconds(span_ns: int) -> int:
     return _BIN_STEPS_S[-1]
 
 
-def overview_data(cur: duckdb.DuckDBPyConnection, view: ViewFilters) -> dict[str, Any]:
-    """Gives everything the overview shows, as plain JSON-ready values."""
+def _pcts(values: list[float] | None) -> dict[str, float | None]:
+    if not values:
+        return dict.fromkeys(PERCENTILES)
+    return {p: (None if v is None else round(float(v), 3)) for p, v in zip(PERCENTILES, values, strict=True)}
+
+
+def headline(cur: duckdb.DuckDBPyConnection, filters: Filters) -> dict[str, Any]:
+    """Gives a report-shaped headline (no ITL, no findings) from one cheap pass over `req`."""
+    cte, params = filters.cte()
+    with time_limit(cur):
+        rel = cur.execute(f"{cte}\n{queries.load('overview_headline')}", params)
+        cols = [d[0] for d in rel.description or []]
+        r = dict(zip(cols, rel.fetchone() or (), strict=True))
+    whole = sum(r[f"{b}_total"] or 0.0 for b in BUCKETS)
+    return {
+        "window": {"start_ns": r["first_start_ns"], "end_ns": r["last_start_ns"]},
+        "requests": {"count": r["requests"], "kept_traces": r["kept"], "errors": r["errors"],
+                     "with_client_span": r["with_network"]},
+        "latency": {"e2e": _pcts(r["e2e"]), "ttft": _pcts(r["ttft"]), "tpot": _pcts(r["tpot"]),
+                    "itl": dict.fromkeys(PERCENTILES)},
+        "buckets": {b: {"share": round((r[f"{b}_total"] or 0.0) / whole, 4) if whole else None} for b in BUCKETS}
+        | {"network": {"share": round((r["network_total"] or 0.0) / whole, 4) if whole else None,
+                       "measured": bool(r["with_network"])}},
+        "findings": [],
+    }  # fmt: skip
+
+
+def overview_data(
+    cur: duckdb.DuckDBPyConnection, view: ViewFilters, reports: ReportCache, wait_s: float = REPORT_WAIT_S
+) -> dict[str, Any]:
+    """Gives everything the overview shows, as plain JSON-ready values.
+
+    The findings come from the report cache: when the report is not ready within
+    `wait_s`, the page shows a cheap headline and says the diagnosis is running.
+    """
     newest = newest_start_ns(cur)
     filters = view.resolve(newest)
-    with time_limit(cur):
-        report = build_report(cur, filters)
+    cached, refreshing = reports.get(view, wait_s)
+    report = cached.report if cached is not None else headline(cur, filters)
     first = filters.start_ns if filters.start_ns is not None else report["window"]["start_ns"]
     last = filters.end_ns if filters.end_ns is not None else report["window"]["end_ns"]
     series: dict[str, Any] = {"bin_s": None, "t": [], "rps": [], "share": {b: [] for b in BUCKETS}}
@@ -76,5 +112,8 @@ def overview_data(cur: duckdb.DuckDBPyConnection, view: ViewFilters) -> dict[str
         "windows": list(WINDOWS_NS),
         "range": {"start_ns": first, "end_ns": last, "newest_ns": newest},
         "report": report,
+        "report_pending": cached is None,
+        "report_refreshing": refreshing,
+        "report_compute_s": None if cached is None else round(cached.compute_s, 3),
         "series": series,
     }

@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import duckdb
-from tokentrace.analyzer.filters import Filters
-from tokentrace.analyzer.report import build_report
 from tokentrace.web._db import fetch_dicts, table_columns, time_limit
 from tokentrace.web._overview import newest_start_ns
-from tokentrace.web._params import ParamError, SearchParams
+from tokentrace.web._params import ParamError, SearchParams, ViewFilters
+from tokentrace.web._report_cache import REPORT_TIME_LIMIT_S, ReportCache
 
 #: Columns each result row shows (read by name: missing ones are left out).
 RESULT_COLUMNS = (
@@ -31,10 +30,10 @@ DOMINANT_BUCKET_SQL = (
 )
 
 
-def complaint_trace_ids(cur: duckdb.DuckDBPyConnection, complaint: str, filters: Filters) -> list[str] | None:
+def complaint_trace_ids(reports: ReportCache, complaint: str, view: ViewFilters) -> list[str] | None:
     """Gives the trace ids the current finding `complaint` names, None when there is no such finding."""
-    with time_limit(cur):
-        report = build_report(cur, filters)
+    cached, _ = reports.get(view, wait_s=REPORT_TIME_LIMIT_S)
+    report = cached.report if cached is not None else {}
     for finding in report.get("findings", []):
         if finding.get("complaint") == complaint:
             ids = finding.get("affected_trace_ids") or finding.get("example_traces") or []
@@ -48,7 +47,7 @@ def _sort_key(column: str, dtype: str) -> str:
     return f'coalesce("{column}", {sentinel})'
 
 
-def search_data(cur: duckdb.DuckDBPyConnection, p: SearchParams) -> dict[str, Any]:
+def search_data(cur: duckdb.DuckDBPyConnection, p: SearchParams, reports: ReportCache) -> dict[str, Any]:
     """Gives one page of matching requests, the total count and the next page's cursor."""
     schema = table_columns(cur, "requests")
     if p.sort not in schema:
@@ -74,7 +73,7 @@ def search_data(cur: duckdb.DuckDBPyConnection, p: SearchParams) -> dict[str, An
         clauses.append("error")
     note = None
     if p.complaint is not None:
-        ids = complaint_trace_ids(cur, p.complaint, filters)
+        ids = complaint_trace_ids(reports, p.complaint, p.view)
         if ids is None:
             note = f"No current finding has complaint id {p.complaint!r}; nothing matches."
             ids = []

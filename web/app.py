@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from tokentrace.analyzer.report import build_report
 from tokentrace.web import _format
-from tokentrace.web._db import Database, QueryTimeout, fetch_dicts, time_limit
+from tokentrace.web._db import Database, QueryTimeout, fetch_dicts
 from tokentrace.web._export import to_chrome_trace, to_otlp_json
-from tokentrace.web._overview import filter_choices, newest_start_ns, overview_data
+from tokentrace.web._overview import filter_choices, overview_data
 from tokentrace.web._params import ParamError, parse_search, parse_trace_id, parse_view_filters
+from tokentrace.web._report_cache import REPORT_TIME_LIMIT_S, ReportCache
 from tokentrace.web._search import search_data
 from tokentrace.web._trace import TraceNotFound, load_spans, trace_data
 
@@ -33,6 +34,7 @@ from tokentrace.store.connection import StoreError
 logger = logging.getLogger("tokentrace.web")
 HERE = Path(__file__).parent
 TOKEN_COOKIE = "tokentrace_token"
+CHOICES_TTL_S = 30.0
 
 
 def error_status(exc: Exception) -> tuple[int, str]:
@@ -72,7 +74,18 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
     templates = Jinja2Templates(env=env)
     _format.install(templates.env)
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
+    reports = ReportCache(db)
     app.state.db = db
+    app.state.reports = reports
+    choices_cache: dict[str, Any] = {}
+
+    @app.middleware("http")
+    async def server_timing(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        # the time the server spent, for browsers' devtools and benchmarks/bench_web.py
+        started = time.perf_counter()
+        response = await call_next(request)
+        response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.2f}"
+        return response
 
     @app.middleware("http")
     async def require_token(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -111,8 +124,13 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         return templates.TemplateResponse(request, name, {"data": data, **extra})
 
     def choices() -> dict[str, list[str]]:
-        with db.cursor() as cur:
-            return filter_choices(cur)
+        # the drop-downs change rarely and cost a scan each: refreshed every CHOICES_TTL_S
+        now = time.monotonic()
+        if choices_cache.get("at", -CHOICES_TTL_S) + CHOICES_TTL_S < now:
+            with db.cursor() as cur:
+                choices_cache.update(at=now, value=filter_choices(cur))
+        value: dict[str, list[str]] = choices_cache["value"]
+        return value
 
     # Handlers are sync (`def`): FastAPI runs them in its thread pool, so a long
     # query never blocks the event loop that also serves other pages.
@@ -122,7 +140,7 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         try:
             view = parse_view_filters(request.query_params)
             with db.cursor() as cur:
-                data = overview_data(cur, view)
+                data = overview_data(cur, view, reports)
             return page(request, "overview.html", data, page_name="overview", choices=choices(), view=view)
         except (ParamError, StoreError, QueryTimeout, duckdb.Error) as exc:
             return fail(request, exc)
@@ -132,7 +150,7 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         try:
             view = parse_view_filters(request.query_params)
             with db.cursor() as cur:
-                return JSONResponse(overview_data(cur, view))
+                return JSONResponse(overview_data(cur, view, reports))
         except (ParamError, StoreError, QueryTimeout, duckdb.Error) as exc:
             return fail(request, exc)
 
@@ -141,7 +159,7 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         try:
             params = parse_search(request.query_params)
             with db.cursor() as cur:
-                data = search_data(cur, params)
+                data = search_data(cur, params, reports)
             return page(request, "search.html", data, page_name="search", choices=choices(), params=params)
         except (ParamError, StoreError, QueryTimeout, duckdb.Error) as exc:
             return fail(request, exc)
@@ -151,7 +169,7 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         try:
             params = parse_search(request.query_params)
             with db.cursor() as cur:
-                return JSONResponse(search_data(cur, params))
+                return JSONResponse(search_data(cur, params, reports))
         except (ParamError, StoreError, QueryTimeout, duckdb.Error) as exc:
             return fail(request, exc)
 
@@ -229,11 +247,16 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
             return fail(request, exc)
 
     def diagnosis(view: Any) -> dict[str, Any]:
-        with db.cursor() as cur:
-            filters = view.resolve(newest_start_ns(cur))
-            with time_limit(cur):
-                report = build_report(cur, filters)
-        return {"filters": view.query(), "window": view.window, "report": report}
+        cached, refreshing = reports.get(view, wait_s=REPORT_TIME_LIMIT_S)
+        if cached is None:
+            raise QueryTimeout("the diagnosis is still being computed; reload in a moment")
+        return {
+            "filters": view.query(),
+            "window": view.window,
+            "report": cached.report,
+            "report_compute_s": round(cached.compute_s, 3),
+            "report_refreshing": refreshing,
+        }
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

@@ -68,4 +68,5 @@ def web(generated: tuple[Path, list[GeneratedRequest]]) -> Iterator[WebServer]:
     server, url = serve_app(db)
     with server:
         yield WebServer(url, db, requests)
+        server.server.config.app.state.reports.close()  # type: ignore[attr-defined]
         server.server.config.app.state.db.close()  # type: ignore[attr-defined]

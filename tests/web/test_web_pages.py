@@ -272,4 +272,5 @@ def test_bearer_token_guards_pages_and_api(generated: tuple[object, object]) -> 
             assert first.status_code == 200
             assert browser.get("/api/search").status_code == 200  # the cookie now carries the token
         assert httpx.get(url + "/static/app.js").status_code == 401
+        server.server.config.app.state.reports.close()  # type: ignore[attr-defined]
         server.server.config.app.state.db.close()  # type: ignore[attr-defined]

@@ -1,0 +1,94 @@
+"""The diagnosis report, computed off the request path and reused while fresh.
+
+`build_report` reads every request of the window and runs each diagnosis
+signal: seconds on millions of requests.  Pages ask this cache instead: a
+fresh report is returned at once, a stale one is returned while a single
+worker thread recomputes it (stale-while-revalidate), and a missing one is
+waited for up to the caller's budget.  Reports are keyed by the *unresolved*
+page filters ("last 1h"), so new requests arriving do not defeat the cache.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any
+
+from tokentrace.analyzer.report import build_report
+from tokentrace.web._db import Database, time_limit
+from tokentrace.web._params import ViewFilters
+
+#: A report younger than this is served without recomputing.
+FRESH_S = 15.0
+#: A report older than this is not served at all (callers wait or go without).
+MAX_AGE_S = 600.0
+#: The background computation's own time limit: longer than a page query's.
+REPORT_TIME_LIMIT_S = 300.0
+MAX_ENTRIES = 64
+
+
+@dataclass(slots=True)
+class CachedReport:
+    report: dict[str, Any]
+    computed_at: float  # clock seconds
+    compute_s: float
+
+
+class ReportCache:
+    """Hands out the report of a filter set: fresh, stale-while-refreshing, or after waiting."""
+
+    def __init__(self, db: Database, clock: Callable[[], float] = time.monotonic) -> None:
+        self._db = db
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[ViewFilters, CachedReport] = OrderedDict()
+        self._pending: dict[ViewFilters, Future[CachedReport]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokentrace-report")
+
+    def _compute(self, view: ViewFilters) -> CachedReport:
+        from tokentrace.web._overview import newest_start_ns
+
+        started = self._clock()
+        try:
+            with self._db.cursor() as cur, time_limit(cur, REPORT_TIME_LIMIT_S):
+                report = build_report(cur, view.resolve(newest_start_ns(cur)))
+            entry = CachedReport(report, self._clock(), self._clock() - started)
+            with self._lock:
+                self._entries[view] = entry
+                self._entries.move_to_end(view)
+                while len(self._entries) > MAX_ENTRIES:
+                    self._entries.popitem(last=False)
+            return entry
+        finally:
+            with self._lock:
+                self._pending.pop(view, None)
+
+    def _refresh(self, view: ViewFilters) -> Future[CachedReport]:
+        with self._lock:
+            fut = self._pending.get(view)
+            if fut is None:
+                fut = self._pending[view] = self._pool.submit(self._compute, view)
+            return fut
+
+    def get(self, view: ViewFilters, wait_s: float) -> tuple[CachedReport | None, bool]:
+        """Gives (report or None, whether a newer one is being computed); waits at most `wait_s`."""
+        with self._lock:
+            entry = self._entries.get(view)
+        age = None if entry is None else self._clock() - entry.computed_at
+        if entry is not None and age is not None and age < FRESH_S:
+            return entry, False
+        fut = self._refresh(view)
+        if entry is not None and age is not None and age < MAX_AGE_S:
+            return entry, True
+        try:
+            return fut.result(timeout=wait_s), False
+        except FutureTimeout:
+            return None, True
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
