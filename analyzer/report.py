@@ -36,10 +36,31 @@ def run_query(
     return cols, cur.fetchall()
 
 
-def itl_percentiles(conn: duckdb.DuckDBPyConnection, filters: Filters) -> dict[str, float | None]:
+#: one positional sum per ITL bucket (the schema's fixed bucket count, never input)
+_BUCKET_SUMS = ", ".join(
+    f"sum(h.counts[{i}])::BIGINT" for i in range(1, len(ITL_BUCKET_BOUNDS_MS) + 2)
+)
+
+
+def itl_bucket_counts(conn: duckdb.DuckDBPyConnection, filters: Filters) -> list[int]:
+    """Gives the window's inter-token gap count per ITL histogram bucket."""
+    if all(v is None for v in (filters.model, filters.tenant, filters.traffic_class, filters.service)):
+        sql = queries.load("itl_histogram_by_time").format(bucket_sums=_BUCKET_SUMS)
+        lo, hi = filters.start_ns, filters.end_ns
+        row = conn.execute(sql, [lo, lo, hi, hi]).fetchone()
+    else:
+        cte, params = filters.cte()
+        sql = queries.load("itl_histogram").format(bucket_sums=_BUCKET_SUMS)
+        row = conn.execute(f"{cte}\n{sql}", params).fetchone()
+    return [int(n or 0) for n in (row or ())]
+
+
+def itl_percentiles(
+    conn: duckdb.DuckDBPyConnection, filters: Filters, counts: list[int] | None = None
+) -> dict[str, float | None]:
     """ITL percentiles over every inter-token gap of the window (from the histograms)."""
-    _, rows = run_query(conn, "itl_histogram", filters)
-    total = sum(n for _, n in rows)
+    counts = itl_bucket_counts(conn, filters) if counts is None else counts
+    total = sum(counts)
     if not total:
         return dict.fromkeys(PERCENTILES)
     out: dict[str, float | None] = {}
@@ -47,9 +68,9 @@ def itl_percentiles(conn: duckdb.DuckDBPyConnection, filters: Filters) -> dict[s
     for name, q in zip(PERCENTILES, (0.5, 0.9, 0.95, 0.99), strict=False):
         rank = q * total
         seen = 0
-        for bucket, n in rows:
+        for bucket, n in enumerate(counts):
             seen += n
-            if seen >= rank:
+            if n and seen >= rank:
                 # geometric middle of the bucket: ~6 % error at most
                 hi = bounds[bucket] if bucket < len(bounds) else bounds[-1] * 1.12
                 lo = bounds[bucket - 1] if bucket > 0 else 0.0
@@ -58,12 +79,16 @@ def itl_percentiles(conn: duckdb.DuckDBPyConnection, filters: Filters) -> dict[s
     return out
 
 
-def itl_histogram(conn: duckdb.DuckDBPyConnection, filters: Filters) -> list[dict[str, float]]:
+def itl_histogram(
+    conn: duckdb.DuckDBPyConnection, filters: Filters, counts: list[int] | None = None
+) -> list[dict[str, float | None]]:
     """Gives the ITL distribution: per non-empty bucket its upper bound (ms) and gap count."""
-    _, rows = run_query(conn, "itl_histogram", filters)
+    counts = itl_bucket_counts(conn, filters) if counts is None else counts
     bounds = ITL_BUCKET_BOUNDS_MS
     return [
-        {"le_ms": bounds[b] if b < len(bounds) else None, "count": int(n)} for b, n in rows
+        {"le_ms": bounds[b] if b < len(bounds) else None, "count": n}
+        for b, n in enumerate(counts)
+        if n
     ]
 
 
@@ -112,6 +137,7 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
         part: round((r[f"{part}_total"] or 0.0) / queue_total, 4) if queue_total else None
         for part in ("queue_wait", "tokenize", "other")
     }
+    itl_counts = itl_bucket_counts(conn, filters) if r["requests"] else []
     report: dict[str, Any] = {
         "window": {
             "start_ns": r["first_start_ns"],
@@ -129,7 +155,7 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
             "ttft": _pcts(r["ttft"]),
             "ttft_client": _pcts(r["ttft_client"]),
             "tpot": _pcts(r["tpot"]),
-            "itl": itl_percentiles(conn, filters),
+            "itl": itl_percentiles(conn, filters, itl_counts),
         },
         "buckets": buckets,
         "findings": diagnose(conn, filters) if r["requests"] else [],
@@ -137,6 +163,6 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
         "timeline": timeline(conn, filters, int((r["last_start_ns"] or 0) - (r["first_start_ns"] or 0)))
         if r["requests"]
         else {"slice_ns": None, "points": []},
-        "itl_histogram": itl_histogram(conn, filters) if r["requests"] else [],
+        "itl_histogram": itl_histogram(conn, filters, itl_counts),
     }
     return report

@@ -1,0 +1,195 @@
+"""Benchmark: a full `build_report` over 1,000,000 request summaries, against a naive baseline.
+
+Builds a DuckDB file with bulk SQL (generate_series): 1M requests over an hour
+with a busy stretch, their ITL histograms, the kept spans of ~2 % of traces at
+the default sampling, engine steps and GPU samples.  Then times
+`build_report` (the whole diagnosis) and a naive baseline that fetches the
+rows into Python and computes the core of the same report (latency and bucket
+percentiles, shares, pooled ITL percentiles, busiest-slice and per-tenant
+comparisons) in plain Python, and prints both and their ratio.
+
+    python benchmarks/bench_analyzer.py [--requests N] [--db PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import duckdb
+from tokentrace.analyzer.report import build_report
+
+from tokentrace.store.connection import open_db
+from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
+
+T0_NS = 1_750_000_000 * 10**9
+HOUR_NS = 3600 * 10**9
+N_BUCKETS = len(ITL_BUCKET_BOUNDS_MS) + 1
+
+REQUESTS_SQL = """
+INSERT INTO requests
+WITH base AS (
+    SELECT i,
+        -- arrivals: uniform over an hour, with minutes 20-26 five times as busy
+        CASE WHEN i % 3 = 0 THEN {t0} + 1200000000000 + hash(i, 1) % 360000000000
+             ELSE {t0} + hash(i, 2) % {hour} END AS start_ns,
+        10 + (hash(i, 3) % 2000) / 100.0 AS network_ms,
+        10 + (hash(i, 4) % 4000)::INTEGER AS prompt_tokens,
+        4 + (hash(i, 5) % 400)::INTEGER AS output_tokens,
+        18 + (hash(i, 6) % 400) / 100.0 AS tpot,
+        -ln(greatest((hash(i, 7) % 100000) / 100000.0, 1e-6)) * 40 AS q,
+        ['acme', 'globex', 'initech', 'umbrella', 'megacorp'][1 + (hash(i, 8) % 5)::INTEGER] AS tenant,
+        CASE WHEN hash(i, 9) % 10 = 0 THEN 'batch' ELSE 'interactive' END AS traffic_class,
+        hash(i, 10) % 100 < 2 AS kept
+    FROM range({n}) t(i)
+),
+r AS (
+    SELECT *,
+        q * CASE WHEN start_ns BETWEEN {t0} + 1200000000000 AND {t0} + 1560000000000 THEN 150 ELSE 1 END AS queue,
+        15 + prompt_tokens * 0.08 AS prefill,
+        (output_tokens - 1) * tpot AS decode
+    FROM base
+)
+SELECT
+    lpad(printf('%x', i), 32, '0'), 'req-' || i, start_ns::BIGINT,
+    network_ms + queue + 1 + prefill + decode, queue + 1, prefill, decode, network_ms,
+    queue + 1 + prefill + decode, queue, 1.0, 0.0,
+    queue + 1 + prefill, queue + 1 + prefill + network_ms, tpot,
+    tpot * 0.98, tpot * 1.1, tpot * 1.3, tpot * 1.5, 0,
+    prompt_tokens, output_tokens, 'llama-3-8b', tenant, traffic_class, 'vllm', 'pod-' || (i % 4),
+    '', '/v1/chat/completions', false, false, NULL, NULL, 'vllm', []::VARCHAR[],
+    kept, CASE WHEN kept THEN 'baseline' ELSE 'dropped' END, 1.0
+FROM r
+"""
+
+ITL_SQL = """
+INSERT INTO itl_hist
+SELECT trace_id, request_id, start_ns,
+       list_transform(range({nb}), lambda b: CASE WHEN b = 45 THEN output_tokens - 3
+                                            WHEN b IN (44, 46) THEN 1 ELSE 0 END)::INTEGER[]
+FROM requests
+"""
+
+SPANS_SQL = """
+INSERT INTO spans
+SELECT r.trace_id, lpad(printf('%x', r.start_ns % 100000 * 10 + k), 16, '0'),
+       CASE WHEN k = 0 THEN '' ELSE lpad(printf('%x', r.start_ns % 100000 * 10), 16, '0') END,
+       ['llm_request', 'tokentrace.queue', 'tokentrace.prefill', 'tokentrace.decode'][k + 1],
+       CASE WHEN k = 0 THEN 2 ELSE 1 END, r.start_ns, r.start_ns + CAST(r.e2e_ms * 1e6 AS BIGINT),
+       0, '', 'vllm', 'bench', '{{"gen_ai.request.model": "llama-3-8b"}}', '[]', '[]',
+       '{{"service.name": "vllm"}}'
+FROM requests r, range(4) t(k)
+WHERE r.kept
+"""
+
+STEPS_SQL = """
+INSERT INTO engine_steps
+SELECT 'vllm', 'pod-0', {t0} + i * 20000000, 18000, CASE WHEN i % 50 = 0 THEN 3000 ELSE 0 END,
+       32, 32, (i % 7)::INTEGER, 0.5 + (i % 40) / 100.0, NULL, []::VARCHAR[]
+FROM range(180000) t(i)
+"""
+
+GPU_SQL = """
+INSERT INTO gpu_samples
+SELECT 'vllm', 'pod-0', 0, {t0} + i * 1000000000, 60 + i % 35, 60000000000, 80000000000, 1980, 650
+FROM range(3600) t(i)
+"""
+
+
+def build_db(path: Path, n: int) -> None:
+    conn = open_db(path)
+    try:
+        fmt = {"t0": T0_NS, "hour": HOUR_NS, "n": n, "nb": N_BUCKETS}
+        for sql in (REQUESTS_SQL, ITL_SQL, SPANS_SQL, STEPS_SQL, GPU_SQL):
+            conn.execute(sql.format(**fmt))
+        conn.execute(
+            "INSERT INTO kept_traces SELECT trace_id, 'baseline', 50.0, start_ns, 4 FROM requests WHERE kept"
+        )
+        conn.execute("CHECKPOINT")
+    finally:
+        conn.close()
+
+
+def _pcts(values: list[float]) -> list[float]:
+    values.sort()
+    return [values[min(len(values) - 1, int(q * len(values)))] for q in (0.5, 0.9, 0.95, 0.99)]
+
+
+def naive_report(conn: duckdb.DuckDBPyConnection) -> dict[str, object]:
+    """The core of the report in plain Python over fetched rows: the baseline."""
+    rows = conn.execute(
+        "SELECT start_ns, e2e_ms, ttft_ms, tpot_ms, network_ms, queue_ms, prefill_ms, decode_ms, "
+        "tenant, traffic_class, trace_id, request_id FROM requests"
+    ).fetchall()
+    cols = list(zip(*rows, strict=True))
+    out: dict[str, object] = {}
+    for name, i in (("e2e", 1), ("ttft", 2), ("tpot", 3), ("network", 4), ("queue", 5),
+                    ("prefill", 6), ("decode", 7)):
+        out[name] = _pcts([v for v in cols[i] if v is not None])
+    total = sum(cols[1])
+    out["shares"] = {b: sum(v or 0 for v in cols[i]) / total for b, i in
+                     (("network", 4), ("queue", 5), ("prefill", 6), ("decode", 7))}
+    hist = [0] * N_BUCKETS
+    for (counts,) in conn.execute("SELECT counts FROM itl_hist").fetchall():
+        for b, c in enumerate(counts):
+            hist[b] += c
+    n_gaps = sum(hist)
+    cum = [0]
+    for c in hist:
+        cum.append(cum[-1] + c)
+    out["itl"] = [bisect.bisect_left(cum, q * n_gaps) for q in (0.5, 0.9, 0.95, 0.99)]
+    # busiest minutes against the rest
+    per_slice: dict[int, list[int]] = defaultdict(list)
+    for idx, start in enumerate(cols[0]):
+        per_slice[start // 60_000_000_000].append(idx)
+    ranked = sorted(per_slice, key=lambda s: len(per_slice[s]), reverse=True)
+    busy = set(ranked[: max(1, len(ranked) // 10)])
+    for flag in (True, False):
+        idx = [i for s in per_slice if (s in busy) == flag for i in per_slice[s]]
+        out[f"busy_{flag}"] = sum(cols[5][i] for i in idx) / sum(cols[1][i] for i in idx)
+    by_tenant: dict[str, list[float]] = defaultdict(list)
+    for t, e in zip(cols[8], cols[1], strict=True):
+        by_tenant[t].append(e)
+    out["tenants"] = {t: _pcts(v)[2] for t, v in by_tenant.items()}
+    out["median_e2e"] = statistics.median(cols[1])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=1_000_000)
+    ap.add_argument("--db", type=Path, help="reuse or create this database file")
+    args = ap.parse_args()
+    tmp = tempfile.TemporaryDirectory()
+    db = args.db or Path(tmp.name) / "bench.duckdb"
+    if not db.exists():
+        t = time.perf_counter()
+        build_db(db, args.requests)
+        print(f"built {args.requests:,} requests (+ ITL histograms, kept spans, steps, GPU samples) "
+              f"in {time.perf_counter() - t:.1f} s")
+    conn = duckdb.connect(str(db), read_only=True)
+    try:
+        build_report(conn)  # warm the file cache, as a second report in a session would be
+        t = time.perf_counter()
+        report = build_report(conn)
+        fast = time.perf_counter() - t
+        t = time.perf_counter()
+        naive_report(conn)
+        naive = time.perf_counter() - t
+    finally:
+        conn.close()
+        tmp.cleanup()
+    print(f"requests: {report['requests']['count']:,}, kept traces: {report['requests']['kept_traces']:,}, "
+          f"findings: {[f['complaint'] for f in report['findings']]}")
+    print(f"build_report (full diagnosis): {fast:.2f} s   (goal ≤ 3 s)")
+    print(f"naive Python baseline (core computation only): {naive:.2f} s")
+    print(f"ratio naive / build_report: {naive / fast:.1f}×")
+
+
+if __name__ == "__main__":
+    main()
