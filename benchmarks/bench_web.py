@@ -77,7 +77,7 @@ def populate(db: Path, n: int) -> str:
     try:
         if conn.execute("SELECT count(*) FROM requests").fetchone()[0] >= n:
             return conn.execute("SELECT trace_id FROM requests WHERE kept ORDER BY e2e_ms DESC LIMIT 1").fetchone()[0]
-        # DuckDB cannot bind generate_series' bound in INSERT … SELECT BY NAME here: integers only
+        # only integers computed here go into the text; nothing comes from outside
         sql = POPULATE_REQUESTS.replace("$n", str(int(n))).replace("$base", str(BASE_NS)).replace("$span", str(SPAN_NS))
         conn.execute(sql)
         conn.execute(POPULATE_ITL_HIST)
