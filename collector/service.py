@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tokentrace.collector.gc_tuning import tune_for_ingest
 from tokentrace.collector.grpc_receiver import start_grpc_server
 from tokentrace.collector.http_receiver import create_http_app
 from tokentrace.collector.otlp import OtlpDecodeError, decode_json, decode_protobuf
@@ -177,9 +178,13 @@ async def _serve(settings: CollectorSettings, ready: Any = None) -> None:
             settings.web_port,
             settings.db,
         )
+        restore_gc = tune_for_ingest()
         if ready is not None:
             ready()
-        await stop.wait()
+        try:
+            await stop.wait()
+        finally:
+            restore_gc()
     finally:
         # stop taking data first (gRPC lets in-flight exports finish), then
         # decide and flush everything buffered
