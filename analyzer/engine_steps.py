@@ -33,9 +33,42 @@ def _at(values: Any, i: int, default: Any) -> Any:
         return default
 
 
+#: TGI's batch traces: a root `batch` span (`batch_size`) whose `prefill` / `decode`
+#: children are the forward steps of that batch (`size` = sequences in it).
+TGI_BATCH = "batch"
+TGI_STEPS = ("prefill", "decode")
+
+
+def _tgi_batch_steps(spans: Sequence[Span]) -> list[EngineStep]:
+    batches = {s.span_id for s in spans if s.name == TGI_BATCH and "batch_size" in s.attributes}
+    steps = []
+    for s in spans:
+        if s.name not in TGI_STEPS or s.parent_span_id not in batches:
+            continue
+        size = s.attributes.get("size", s.attributes.get("batch_size", 0))
+        try:
+            size = int(size)
+        except (TypeError, ValueError):
+            size = 0
+        steps.append(
+            EngineStep(
+                service=s.service_name,
+                instance=next((str(s.resource[k]) for k in INSTANCE_KEYS if k in s.resource), ""),
+                start_ns=s.start_ns,
+                duration_us=s.duration_ns // 1000,
+                # TGI does not record prefill token counts; the step kind is still known
+                prefill_tokens=0,
+                decode_seqs=size if s.name == "decode" else 0,
+                batch_size=size,
+                queue_depth=0,
+            )
+        )
+    return steps
+
+
 def extract_engine_steps(spans: Sequence[Span]) -> list[EngineStep]:
-    """Gives every engine step carried by `tokentrace.engine.steps` spans."""
-    steps: list[EngineStep] = []
+    """Gives every engine step carried by `tokentrace.engine.steps` spans or TGI batch traces."""
+    steps: list[EngineStep] = _tgi_batch_steps(spans)
     for span in spans:
         if span.name != sc.SPAN_ENGINE_STEPS:
             continue

@@ -136,3 +136,15 @@ def test_tenant_traffic_env_and_model_from_any_span() -> None:
 def test_unknown_spans_give_no_request() -> None:
     spans = [f.span(f.new_id(32), "SELECT users", 0, 5)]
     assert summarize_trace(spans).requests == []
+
+
+def test_tgi_batch_trace_gives_engine_steps() -> None:
+    tid = f.new_id(32)
+    batch = f.span(tid, "batch", 0, 100, attrs={"batch_size": 3}, resource={"service.name": "tgi"})
+    pre = f.span(tid, "prefill", 1, 30, batch, attrs={"id": 7, "size": 3})
+    dec = f.span(tid, "decode", 31, 20, batch, attrs={"id": 7, "size": 2})
+    result = summarize_trace([batch, pre, dec])
+    assert result.requests == []
+    assert [(s.batch_size, s.decode_seqs, s.duration_us) for s in result.engine_steps] == [
+        (3, 0, 30_000), (2, 2, 20_000)
+    ]
