@@ -18,6 +18,28 @@ TOKENS = 5
 ITL_S = 0.01
 
 
+class CompletionCounter:
+    """Outermost ASGI middleware: counts requests whose inner app (span included) has finished."""
+
+    done = threading.Semaphore(0)
+
+    def __init__(self, app: object) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+        try:
+            await self.app(scope, receive, send)  # type: ignore[operator]
+        finally:
+            if scope["type"] == "http":
+                CompletionCounter.done.release()
+
+
+def wait_completed(count: int = 1, timeout_s: float = 10.0) -> None:
+    """Waits until `count` more requests finished on the server (their spans have ended)."""
+    for _ in range(count):
+        assert CompletionCounter.done.acquire(timeout=timeout_s)
+
+
 def make_app() -> FastAPI:
     app = FastAPI()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -24,6 +25,15 @@ class MemorySdk:
         assert self.tracing.force_flush(5_000)
         got = list(self.exporter.get_finished_spans())
         return [s for s in got if name is None or s.name == name]
+
+    def wait_for(self, name: str, count: int = 1, timeout_s: float = 10.0) -> list[ReadableSpan]:
+        """Gives the spans named `name` once `count` have ended (a server thread ends its own)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = self.spans(name)
+            if len(got) >= count or time.monotonic() > deadline:
+                return got
+            time.sleep(0.01)
 
     def otlp_bytes(self) -> bytes:
         """Gives the finished spans as the OTLP protobuf body the real exporter would send."""

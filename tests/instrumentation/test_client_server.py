@@ -9,7 +9,13 @@ import pytest
 from tokentrace.instrumentation import semconv as sc
 
 from tests.conftest import free_port
-from tests.instrumentation._http_app import TOKENS, make_app, run_app
+from tests.instrumentation._http_app import (
+    TOKENS,
+    CompletionCounter,
+    make_app,
+    run_app,
+    wait_completed,
+)
 from tokentrace import instrumentation as tt
 from tokentrace.store.connection import open_read_only
 
@@ -17,6 +23,9 @@ from tokentrace.store.connection import open_read_only
 @pytest.fixture
 def app_url():  # type: ignore[no-untyped-def]
     app = tt.instrument_fastapi(make_app())
+    app.add_middleware(CompletionCounter)  # outside ours: counts after our span ended
+    while CompletionCounter.done.acquire(blocking=False):
+        pass
     with run_app(app, free_port()) as url:
         yield url
 
@@ -38,7 +47,7 @@ def _stream_with_client_request(url: str) -> int:
 def test_client_span_is_parent_of_the_server_span(memory_sdk, app_url) -> None:  # type: ignore[no-untyped-def]
     assert _stream_with_client_request(app_url) == TOKENS
     client = memory_sdk.spans(sc.SPAN_CLIENT)[0]
-    server = memory_sdk.spans(sc.SPAN_REQUEST)[0]
+    server = memory_sdk.wait_for(sc.SPAN_REQUEST)[0]
     assert server.context.trace_id == client.context.trace_id
     assert server.parent.span_id == client.context.span_id
     assert server.attributes[sc.ROUTE] == "/v1/stream/{name}"
@@ -64,7 +73,7 @@ def test_async_client_request(memory_sdk, app_url) -> None:  # type: ignore[no-u
 
     assert asyncio.run(main()) == TOKENS
     client = memory_sdk.spans(sc.SPAN_CLIENT)[0]
-    server = memory_sdk.spans(sc.SPAN_REQUEST)[0]
+    server = memory_sdk.wait_for(sc.SPAN_REQUEST)[0]
     assert server.parent.span_id == client.context.span_id
 
 
@@ -78,7 +87,7 @@ def test_errors_recorded_and_reraised(memory_sdk, app_url) -> None:  # type: ign
             assert r.status_code == 500
             raise Gone()
     client = memory_sdk.spans(sc.SPAN_CLIENT)[0]
-    server = memory_sdk.spans(sc.SPAN_REQUEST)[0]
+    server = memory_sdk.wait_for(sc.SPAN_REQUEST)[0]
     assert not client.status.is_ok and "Gone" in client.status.description
     assert not server.status.is_ok and server.attributes[sc.ROUTE] == "/boom"
     assert any(e.name == "exception" for e in server.events)
@@ -94,7 +103,7 @@ def test_instrumented_httpx_records_chunks_without_manual_calls(memory_sdk, app_
         client.get(f"{app_url}/v1/stream/d")  # no longer traced on the client side
     assert body.count(b"data:") == TOKENS
     clients = memory_sdk.spans(sc.SPAN_CLIENT)
-    servers = memory_sdk.spans(sc.SPAN_REQUEST)
+    servers = memory_sdk.wait_for(sc.SPAN_REQUEST, 2)
     assert len(clients) == 1 and len(servers) == 2
     assert servers[0].parent.span_id == clients[0].context.span_id
     assert servers[1].parent is None
@@ -116,7 +125,7 @@ def test_httpx_class_instrumentation_async(memory_sdk, app_url) -> None:  # type
         tt.uninstrument_httpx()
     assert body.count(b"data:") == TOKENS
     client = memory_sdk.spans(sc.SPAN_CLIENT)[0]
-    server = memory_sdk.spans(sc.SPAN_REQUEST)[0]
+    server = memory_sdk.wait_for(sc.SPAN_REQUEST)[0]
     assert server.parent.span_id == client.context.span_id
     assert not isinstance(httpx.AsyncClient.__dict__["send"], type(None))
     import wrapt
@@ -138,13 +147,14 @@ def test_request_from_headers_continues_the_trace(memory_sdk) -> None:  # type: 
         with tt.request_from_headers(headers, model="m"):
             pass
     client = memory_sdk.spans(sc.SPAN_CLIENT)[0]
-    server = memory_sdk.spans(sc.SPAN_REQUEST)[0]
+    server = memory_sdk.wait_for(sc.SPAN_REQUEST)[0]
     assert server.parent.span_id == client.context.span_id
 
 
 def test_serve_stores_network_and_client_ttft(serve_sdk, app_url) -> None:  # type: ignore[no-untyped-def]
     serve, tracing = serve_sdk
     assert _stream_with_client_request(app_url) == TOKENS
+    wait_completed()
     assert tracing.force_flush(10_000)
     serve.stop()
     conn = open_read_only(serve.db)
