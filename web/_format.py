@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlencode
@@ -41,6 +42,11 @@ def qs(params: dict[str, Any], **override: Any) -> str:
     return urlencode({k: v for k, v in merged.items() if v is not None})
 
 
+def value(v: Any) -> str:
+    """Gives an attribute value as readable text (lists and maps as JSON); the template escapes it."""
+    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
+
+
 def install(env: jinja2.Environment) -> None:
-    env.filters.update(ms=ms, num=num, pct=pct, when=when)
+    env.filters.update(ms=ms, num=num, pct=pct, when=when, value=value)
     env.globals.update(qs=qs)

@@ -139,11 +139,13 @@ def test_injected_markup_in_spans_never_executes(web: WebServer, page: Any, tmp_
     assert page.evaluate("document.querySelectorAll('script:not([src]):not([type=\"application/json\"])').length") == 0
     text = page.locator("body").inner_text()
     assert XSS_NAME in text and XSS_ATTR in text  # shown as text, verbatim
+    _shot(page, tmp_path, "xss-trace")
     for path in ("/", "/search", "/diagnosis", f"/search?model={XSS_ATTR}", f"/search?tenant={XSS_NAME}"):
         page.goto(web.url + path)
         assert page.locator("img[src=x]").count() == 0
+    assert page.locator("select[name=tenant] option:checked").inner_text() == XSS_NAME  # the filter shows, as text
     assert page.dialogs == []
-    _shot(page, tmp_path, "xss")
+    _shot(page, tmp_path, "xss-filter")
 
 
 def _has_spans(web: WebServer, trace_id: str) -> bool:
