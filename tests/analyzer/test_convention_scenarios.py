@@ -35,12 +35,33 @@ def _run_pipeline(db: Path, traces: list[list[Span]], w: Workload) -> None:
         writer._conn.close()
 
 
+def _who(r: Req, spans: list[Span]) -> list[Span]:
+    """Puts the request's tenant, class, environment and instance where engines carry them."""
+    server = spans[0]
+    server.attributes["tenant.id"] = r.tenant
+    server.attributes["tokentrace.traffic_class"] = r.traffic_class
+    server.resource = {**server.resource, "service.instance.id": r.instance}
+    if r.environment:
+        server.resource["deployment.environment.name"] = r.environment
+    if r.cold:
+        server.attributes["tokentrace.cold_start"] = True
+    return spans
+
+
 def vllm(r: Req) -> list[Span]:
+    return _who(r, _vllm(r))
+
+
+def _vllm(r: Req) -> list[Span]:
     return f.vllm_trace(r.queue_ms + r.tokenize_ms, r.prefill_ms, r.decode_ms, tokens=r.output,
                         prompt=r.prompt, wire=r.network_ms, t0_ns=r.arrival_ns)[0]
 
 
 def sglang(r: Req) -> list[Span]:
+    return _who(r, _sglang(r))
+
+
+def _sglang(r: Req) -> list[Span]:
     return f.sglang_trace(r.tokenize_ms, r.queue_ms, r.prefill_ms, r.decode_ms, other=0.5,
                           tokens=r.output, prompt=r.prompt, wire=r.network_ms, t0_ns=r.arrival_ns)[0]
 
@@ -49,7 +70,7 @@ def tgi(r: Req) -> list[Span]:
     spans = f.tgi_trace(r.tokenize_ms, r.queue_ms, r.prefill_ms, 0.0, r.output, gaps=r.gaps_ms,
                         wire=r.network_ms, t0_ns=r.arrival_ns)[0]
     spans[0].attributes["gen_ai.usage.input_tokens"] = r.prompt
-    return spans
+    return _who(r, spans)
 
 
 def client_only(r: Req) -> list[Span]:
@@ -67,6 +88,10 @@ CASES: list[tuple[str, str, Callable[[Req], list[Span]]]] = [
     ("tiny_prompts_slow", "genai_client", client_only),
     ("stutter", "tgi", tgi),
     ("peak_hours", "sglang", sglang),
+    ("bad_in_production", "vllm", vllm),
+    ("big_tenants_slower", "sglang", sglang),
+    ("batch_mode_breaks_live", "vllm", vllm),
+    ("cold_start", "vllm", vllm),
 ]
 
 
