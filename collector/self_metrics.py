@@ -8,10 +8,14 @@ boundaries, so a Prometheus/Grafana user gets latency dashboards for free.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import threading
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.utils import floatToGoString
 from tokentrace.analyzer.summary import RequestSummary
 
 #: vLLM's `vllm:time_to_first_token_seconds` buckets.
@@ -121,24 +125,13 @@ class CollectorMetrics:
             buckets=INTERNAL_BUCKETS_S,
             registry=r,
         )
-        self._request_hists = [
-            (field, Histogram(name, desc, ["model"], buckets=buckets, registry=r))
-            for name, field, buckets, desc in REQUEST_HISTOGRAMS
-        ]
+        self.request_histograms = RequestHistograms()
+        r.register(self.request_histograms)
         self._sources: list[Callable[[], None]] = []
 
     def observe_requests(self, requests: Sequence[RequestSummary]) -> None:
         """Adds each request's summary to the latency histograms."""
-        for field, hist in self._request_hists:
-            by_model: dict[str, object] = {}
-            for req in requests:
-                value = getattr(req, field)
-                if value is None:
-                    continue
-                child = by_model.get(req.model)
-                if child is None:
-                    child = by_model[req.model] = hist.labels(req.model)
-                child.observe(value / 1000.0)  # type: ignore[attr-defined]
+        self.request_histograms.observe(requests)
 
     def on_scrape(self, refresh: Callable[[], None]) -> None:
         """Registers a callback that refreshes gauges just before each scrape."""
@@ -149,3 +142,51 @@ class CollectorMetrics:
         for refresh in self._sources:
             refresh()
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class RequestHistograms:
+    """The request-summary histograms (`REQUEST_HISTOGRAMS`), one series per model.
+
+    A decision round observes thousands of summaries x 8 measures; through
+    `Histogram.observe` that was ~15 % of the decider's time (a lock and a
+    bucket walk per value).  Here a round takes one lock and one `bisect` per
+    value into plain counts, and a scrape turns the counts into the same
+    cumulative `_bucket`/`_count`/`_sum` series.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # per histogram: model -> [count per bucket (+Inf last)..., sum in seconds]
+        self._series: list[dict[str, list[float]]] = [{} for _ in REQUEST_HISTOGRAMS]
+
+    def observe(self, requests: Sequence[RequestSummary]) -> None:
+        with self._lock:
+            for (_, field, buckets, _), series in zip(REQUEST_HISTOGRAMS, self._series, strict=True):
+                size = len(buckets) + 1
+                for req in requests:
+                    value = getattr(req, field)
+                    if value is None:
+                        continue
+                    seconds = value / 1000.0
+                    counts = series.get(req.model)
+                    if counts is None:
+                        counts = series[req.model] = [0] * (size + 1)
+                    counts[bisect_left(buckets, seconds)] += 1  # first bound >= value: Prometheus' `le`
+                    counts[size] += seconds
+
+    def describe(self) -> list[Metric]:
+        return [HistogramMetricFamily(n, d, labels=["model"]) for n, _, _, d in REQUEST_HISTOGRAMS]
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            snapshot = [{m: list(c) for m, c in s.items()} for s in self._series]
+        for (name, _, buckets, desc), series in zip(REQUEST_HISTOGRAMS, snapshot, strict=True):
+            family = HistogramMetricFamily(name, desc, labels=["model"])
+            bounds = [floatToGoString(b) for b in buckets] + ["+Inf"]
+            for model, counts in sorted(series.items()):
+                cumulative, total = [], 0
+                for bound, n in zip(bounds, counts, strict=False):
+                    total += int(n)
+                    cumulative.append((bound, total))
+                family.add_metric([model], cumulative, sum_value=counts[-1])
+            yield family
