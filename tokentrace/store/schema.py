@@ -1,5 +1,7 @@
 """The DuckDB schema: every table tokentrace stores, in one place.
 
+This docstring is the one description of the tables; docs/schema.md mirrors it.
+
 Tables
 ------
 schema_version
@@ -21,7 +23,9 @@ kept_traces
     One row per kept trace: why (`reason`, a named constant of the collector)
     and its sampling `weight` (adjusted count, 1/probability).
 engine_steps
-    One row per continuous-batching scheduler step (kept whole: they are small).
+    One row per continuous-batching scheduler step (kept whole: they are small),
+    from the SDK's step batches or TGI's batch traces.  `request_ids` joins to
+    `requests.request_id`: who shared a batch with whom.
 gpu_samples
     One row per NVML sample, each with its own timestamp (kept whole).
 """
