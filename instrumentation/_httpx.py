@@ -189,7 +189,7 @@ def uninstrument_httpx(client: Any = None) -> Any:
             for cls in (httpx.Client, httpx.AsyncClient):
                 current = cls.__dict__.get("send")
                 if isinstance(current, wrapt.FunctionWrapper):
-                    cls.send = current.__wrapped__
+                    setattr(cls, "send", current.__wrapped__)  # noqa: B010 - restoring the method
             _classes_instrumented = False
         return None
     if isinstance(client.__dict__.get("send"), wrapt.FunctionWrapper):
