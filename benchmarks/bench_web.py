@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import httpx
@@ -71,12 +72,19 @@ FROM requests
 """
 
 
+def _one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple[Any, ...]:
+    row = conn.execute(sql).fetchone()
+    if row is None:
+        raise RuntimeError(f"no row from {sql}")
+    return row
+
+
 def populate(db: Path, n: int) -> str:
     """Fills `db` with n request summaries, their ITL histograms, engine steps and one kept trace."""
     conn = open_db(db)
     try:
-        if conn.execute("SELECT count(*) FROM requests").fetchone()[0] >= n:
-            return conn.execute("SELECT trace_id FROM requests WHERE kept ORDER BY e2e_ms DESC LIMIT 1").fetchone()[0]
+        if _one(conn, "SELECT count(*) FROM requests")[0] >= n:
+            return str(_one(conn, "SELECT trace_id FROM requests WHERE kept ORDER BY e2e_ms DESC LIMIT 1")[0])
         # only integers computed here go into the text; nothing comes from outside
         sql = POPULATE_REQUESTS.replace("$n", str(int(n))).replace("$base", str(BASE_NS)).replace("$span", str(SPAN_NS))
         conn.execute(sql)
@@ -88,9 +96,9 @@ def populate(db: Path, n: int) -> str:
                    ['req-' || (s * 1000 // 9000 + k) for k in range(16)]
             FROM generate_series(0, {SPAN_NS // 2_500_000} - 1) t(s)"""  # noqa: S608
         )
-        trace_id, request_id, start_ns, e2e_ms = conn.execute(
-            "SELECT trace_id, request_id, start_ns, e2e_ms FROM requests WHERE kept ORDER BY e2e_ms DESC LIMIT 1"
-        ).fetchone()
+        trace_id, request_id, start_ns, e2e_ms = _one(
+            conn, "SELECT trace_id, request_id, start_ns, e2e_ms FROM requests WHERE kept ORDER BY e2e_ms DESC LIMIT 1"
+        )
         end_ns = start_ns + int(e2e_ms * 1e6)
         offsets = list(range(100_000, int(e2e_ms * 1000) - 1000, 20_000))
         attrs = (
