@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ddsketch import DDSketch
 from tokentrace.analyzer.spans import STATUS_ERROR, Span
 from tokentrace.analyzer.summary import RequestSummary
+from tokentrace.collector.sketch import LatencySketch
 
 REASON_ERROR = "error"
 REASON_SLO = "slo"
@@ -118,9 +118,11 @@ class P99Tracker:
     def __init__(self, min_samples: int = 100, refresh: int = 32) -> None:
         self.min_samples = min_samples
         self.refresh = refresh
-        self._sketches: dict[tuple[str, str, str], DDSketch] = {}
+        self._sketches: dict[tuple[str, str, str], LatencySketch] = {}
         self._p99: dict[tuple[str, str, str], float] = {}
         self._since: dict[tuple[str, str, str], int] = {}
+        # (model, route) -> one key per measure, so a request builds no tuples
+        self._keys: dict[tuple[str, str], tuple[tuple[str, str, str], ...]] = {}
 
     def p99(self, model: str, route: str, measure: str) -> float | None:
         """Gives the current p99 (None until `min_samples` values were seen)."""
@@ -129,24 +131,32 @@ class P99Tracker:
     def observe(self, r: RequestSummary) -> str | None:
         """Adds the request's measures; gives the p99 reason of the first one above p99."""
         reason: str | None = None
-        for measure, why in P99_MEASURES:
+        keys = self._keys.get((r.model, r.route))
+        if keys is None:
+            keys = self._keys[(r.model, r.route)] = tuple(
+                (r.model, r.route, measure) for measure, _ in P99_MEASURES
+            )
+        p99 = self._p99
+        sketches = self._sketches
+        since = self._since
+        for (measure, why), key in zip(P99_MEASURES, keys, strict=True):
             value = getattr(r, measure)
             if value is None or value <= 0:
                 continue
-            key = (r.model, r.route, measure)
-            threshold = self._p99.get(key)
-            if reason is None and threshold is not None and value > threshold:
-                reason = why
-            sketch = self._sketches.get(key)
+            if reason is None:
+                threshold = p99.get(key)
+                if threshold is not None and value > threshold:
+                    reason = why
+            sketch = sketches.get(key)
             if sketch is None:
-                sketch = self._sketches[key] = DDSketch(relative_accuracy=self.ACCURACY)
-                self._since[key] = 0
+                sketch = sketches[key] = LatencySketch(self.ACCURACY)
+                since[key] = 0
             sketch.add(value)
-            since = self._since[key] + 1
-            if since >= self.refresh and sketch.count >= self.min_samples:
-                self._p99[key] = sketch.get_quantile_value(0.99) * (1 + 2 * self.ACCURACY)
-                since = 0
-            self._since[key] = since
+            n = since[key] + 1
+            if n >= self.refresh and sketch.count >= self.min_samples:
+                p99[key] = sketch.quantile(0.99) * (1 + 2 * self.ACCURACY)  # type: ignore[operator]
+                n = 0
+            since[key] = n
         return reason
 
 
