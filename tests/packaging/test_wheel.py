@@ -67,9 +67,9 @@ def test_installed_wheel_imports_and_runs(wheel: Path, tmp_path: Path) -> None:
     )
     code = (
         "import tokentrace, tokentrace.instrumentation, tokentrace.analyzer.queries as q\n"
-        "assert tokentrace.__file__.startswith(%r), tokentrace.__file__\n"
+        f"assert tokentrace.__file__.startswith({str(site)!r}), tokentrace.__file__\n"
         "print(len(q.load('latency_percentiles')) > 0)\n"
-    ) % str(site)
+    )
     # cwd outside the repo; the installed copy comes first on the path, ahead of
     # the editable install's finder (dependencies still come from site-packages)
     env = {**os.environ, "PYTHONPATH": str(site)}
