@@ -13,14 +13,17 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
+
 from tokentrace.analyzer.engine_steps import EngineStep
 from tokentrace.analyzer.spans import Span
 from tokentrace.analyzer.summary import COLUMNS, RequestSummary
-
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 
 logger = logging.getLogger("tokentrace.collector")
@@ -59,6 +62,30 @@ def itl_histogram(gaps_ms: Sequence[float]) -> list[int]:
     for g in gaps_ms:
         counts[bisect.bisect_left(ITL_BUCKET_BOUNDS_MS, g)] += 1
     return counts
+
+
+_ITL_BOUNDS = np.asarray(ITL_BUCKET_BOUNDS_MS, dtype=np.float64)
+
+
+def itl_histograms(gap_lists: Sequence[Sequence[float]]) -> list[list[int]]:
+    """`itl_histogram` of many requests at once: one searchsorted + bincount for
+    the whole write instead of a Python `bisect` per gap (~70 gaps a request)."""
+    width = len(ITL_BUCKET_BOUNDS_MS) + 1
+    lengths = np.fromiter(map(len, gap_lists), dtype=np.int64, count=len(gap_lists))
+    gaps = np.fromiter(chain.from_iterable(gap_lists), dtype=np.float64, count=int(lengths.sum()))
+    bucket = np.searchsorted(_ITL_BOUNDS, gaps, side="left")  # = bisect_left
+    row = np.repeat(np.arange(len(gap_lists), dtype=np.int64), lengths)
+    counts = np.bincount(row * width + bucket, minlength=len(gap_lists) * width)
+    return counts.reshape(len(gap_lists), width).tolist()
+
+
+_request_row = attrgetter(*COLUMNS)
+
+
+def _columns(requests: Sequence[RequestSummary]) -> list[list[Any]]:
+    """The request rows column by column: one C-level attrgetter per row and a
+    zip transpose, instead of a Python getattr per cell (~40 columns)."""
+    return [list(col) for col in zip(*map(_request_row, requests), strict=True)]
 
 
 _dumps = json.JSONEncoder(default=str, ensure_ascii=False).encode
@@ -214,7 +241,7 @@ class Writer:
         try:
             if requests:
                 # column-wise getattr: asdict() deep-copies every row and is the slow part
-                table = pa.table({c: [getattr(r, c) for r in requests] for c in COLUMNS})
+                table = pa.table(dict(zip(COLUMNS, _columns(requests), strict=True)))
                 conn.register("_new_requests", table)
                 conn.execute(f"INSERT INTO requests ({', '.join(COLUMNS)}) SELECT * FROM _new_requests")  # noqa: S608 - fixed column names
                 conn.unregister("_new_requests")
@@ -223,7 +250,7 @@ class Writer:
                         "trace_id": [r.trace_id for r in requests],
                         "request_id": [r.request_id for r in requests],
                         "start_ns": [r.start_ns for r in requests],
-                        "counts": [itl_histogram(r.itl_gaps_ms) for r in requests],
+                        "counts": itl_histograms([r.itl_gaps_ms for r in requests]),
                     }
                 )
                 conn.register("_new_hist", hist)
