@@ -23,6 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+
 from tokentrace.collector.otlp import OtlpDecodeError, spans_from_request
 from tokentrace.collector.otlp_metrics import gpu_rows_from_request
 from tokentrace.collector.pipeline import Pipeline

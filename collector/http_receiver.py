@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
 from tokentrace.collector.otlp import (
     OtlpDecodeError,
     decode_json_partial,

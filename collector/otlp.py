@@ -12,6 +12,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
 from tokentrace.analyzer.spans import Span, SpanEvent, SpanLink
 
 

@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
+
 from tokentrace.collector.otlp import OtlpDecodeError, _attrs, _j_attrs, _j_int
 from tokentrace.instrumentation import semconv as sc
 

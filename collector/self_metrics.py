@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
+
 from tokentrace.analyzer.summary import RequestSummary
 
 #: vLLM's `vllm:time_to_first_token_seconds` buckets.

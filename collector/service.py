@@ -19,7 +19,6 @@ from tokentrace.collector.sampling import P99Tracker, Sampler, SloLimits, parse_
 from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.settings import CollectorSettings
 from tokentrace.collector.writer import Writer
-
 from tokentrace.store.connection import open_db
 
 logger = logging.getLogger("tokentrace.collector")

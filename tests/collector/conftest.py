@@ -23,7 +23,6 @@ from tokentrace.collector.sampling import Sampler  # noqa: E402
 from tokentrace.collector.service import Collector  # noqa: E402
 from tokentrace.collector.settings import CollectorSettings  # noqa: E402
 from tokentrace.collector.writer import Writer  # noqa: E402
-
 from tokentrace.store.connection import open_db  # noqa: E402
 
 

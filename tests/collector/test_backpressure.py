@@ -25,6 +25,7 @@ PB = {"Content-Type": "application/x-protobuf"}
 
 def test_flood_gets_503_then_exporter_retries_land_everything(tmp_path: Path) -> None:
     from conftest import start_live
+
     from tokentrace.collector.grpc_receiver import RETRY_AFTER_S
 
     live, stop = start_live(tmp_path, max_buffered_spans=6, grace_s=0.05)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from traces import new_id, request_trace
+
 from tokentrace.collector import sampling as sp
 from tokentrace.collector.pipeline import REFUSED_BUFFER_FULL, REFUSED_WRITER_BEHIND
 from tokentrace.collector.sampling import Sampler, SloLimits, parse_rules
-from traces import new_id, request_trace
 
 
 def test_sampled_out_traces_still_have_summary_rows(make_rig) -> None:  # type: ignore[no-untyped-def]

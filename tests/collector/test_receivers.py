@@ -21,8 +21,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
-from tokentrace.instrumentation import semconv as sc
 from traces import request_trace, to_json, to_protobuf
+
+from tokentrace.instrumentation import semconv as sc
 
 PB = {"Content-Type": "application/x-protobuf"}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ddsketch import DDSketch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from tokentrace.collector.sketch import LatencySketch
 
 positive = st.floats(min_value=1e-6, max_value=1e7, allow_nan=False, allow_infinity=False)

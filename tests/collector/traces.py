@@ -9,6 +9,7 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
+
 from tokentrace.analyzer.spans import KIND_INTERNAL, KIND_SERVER, STATUS_ERROR, Span
 from tokentrace.instrumentation import semconv as sc
 
