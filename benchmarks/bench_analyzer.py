@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import bisect
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -164,12 +166,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--db", type=Path, help="reuse or create this database file")
+    ap.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.build_only:
+        build_db(args.db, args.requests)
+        return
     tmp = tempfile.TemporaryDirectory()
     db = args.db or Path(tmp.name) / "bench.duckdb"
     if not db.exists():
         t = time.perf_counter()
-        build_db(db, args.requests)
+        # built in a child process, as the collector writes and `tokentrace report` reads:
+        # the report's process starts clean, without the build's memory and caches
+        subprocess.run(
+            [sys.executable, __file__, "--build-only", "--db", str(db), "--requests", str(args.requests)],
+            check=True,
+        )
         print(f"built {args.requests:,} requests (+ ITL histograms, kept spans, steps, GPU samples) "
               f"in {time.perf_counter() - t:.1f} s")
     conn = duckdb.connect(str(db), read_only=True)
