@@ -7,6 +7,7 @@ import sys
 from typing import IO, Any
 
 import duckdb
+
 from tokentrace.analyzer.filters import Filters
 from tokentrace.analyzer.summary import COLUMNS
 

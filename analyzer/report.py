@@ -10,10 +10,10 @@ from dataclasses import asdict
 from typing import Any
 
 import duckdb
+
 from tokentrace.analyzer import queries
 from tokentrace.analyzer.diagnosis import diagnose
 from tokentrace.analyzer.filters import Filters
-
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 
 PERCENTILES = ("p50", "p90", "p95", "p99")

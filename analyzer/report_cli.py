@@ -9,7 +9,6 @@ from tokentrace.analyzer.filters import Filters
 from tokentrace.analyzer.render import render_json, render_markdown, render_text
 from tokentrace.analyzer.render_html import render_html
 from tokentrace.analyzer.report import build_report
-
 from tokentrace.store.connection import open_read_only
 
 RENDERERS = {

@@ -24,8 +24,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import duckdb
-from tokentrace.analyzer.report import build_report
 
+from tokentrace.analyzer.report import build_report
 from tokentrace.store.connection import open_db
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 

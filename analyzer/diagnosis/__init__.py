@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import duckdb
+
 from tokentrace.analyzer.diagnosis import (
     bad_in_production,
     batch_mode,

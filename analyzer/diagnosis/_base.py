@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Any
 
 import duckdb
+
 from tokentrace.analyzer import queries
 from tokentrace.analyzer.filters import Filters
 

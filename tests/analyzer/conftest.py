@@ -7,8 +7,8 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from tokentrace.collector.writer import WriteBatch, Writer
 
+from tokentrace.collector.writer import WriteBatch, Writer
 from tokentrace.store.connection import open_db, open_read_only
 
 from .workloads import Workload

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from tokentrace.analyzer.report import build_report
 from tokentrace.analyzer.spans import Span
 from tokentrace.collector.pipeline import Pipeline
 from tokentrace.collector.sampling import Sampler
 from tokentrace.collector.writer import WriteBatch, Writer
-
 from tokentrace.store.connection import open_db, open_read_only
 
 from . import spanfactory as f

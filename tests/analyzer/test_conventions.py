@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.attribution import summarize_trace
 from tokentrace.analyzer.conventions._common import rust_duration_ns

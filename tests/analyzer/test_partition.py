@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.attribution import summarize_trace
 from tokentrace.analyzer.buckets import partition

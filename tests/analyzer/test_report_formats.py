@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tokentrace.analyzer.report import build_report
 
 from . import workloads

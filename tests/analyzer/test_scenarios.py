@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tokentrace.analyzer.report import build_report
 
 from . import workloads
