@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import WebServer
 from tracegen import XSS_ATTR, XSS_NAME
+from web_testkit import WebServer
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [

@@ -8,10 +8,11 @@ import json
 import duckdb
 import httpx
 import pytest
-from conftest import WebServer, serve_app
+from tracegen import XSS_ATTR, XSS_NAME
+from web_testkit import WebServer, serve_app
+
 from tokentrace.collector.otlp import decode_json
 from tokentrace.instrumentation import semconv as sc
-from tracegen import XSS_ATTR, XSS_NAME
 
 
 def _get(web: WebServer, path: str, **kw: object) -> httpx.Response:

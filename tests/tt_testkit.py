@@ -1,0 +1,123 @@
+"""Test helpers shared by every test folder: free loopback ports, a real `tokentrace serve`
+process, and uvicorn in a thread.  Import as `from tt_testkit import ...` (pyproject puts
+`tests/` on the path); a uniquely named module, because `conftest` names collide.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port() -> int:
+    """Gives a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read().decode() if proc.stdout else ""
+            raise RuntimeError(f"server exited with {proc.returncode}: {out}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"port {port} did not open in {timeout} s")
+
+
+@dataclass
+class ServeProcess:
+    proc: subprocess.Popen[bytes]
+    db: Path
+    http_port: int
+    grpc_port: int
+    web_port: int
+
+    @property
+    def otlp_http(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def otlp_grpc(self) -> str:
+        return f"http://127.0.0.1:{self.grpc_port}"
+
+    @property
+    def web(self) -> str:
+        return f"http://127.0.0.1:{self.web_port}"
+
+    def stop(self, timeout: float = 30.0) -> str:
+        """SIGTERMs the server (it decides and flushes everything) and gives its output."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is None or self.proc.stdout.closed:
+            return ""
+        out = self.proc.stdout.read().decode()
+        self.proc.stdout.close()
+        return out
+
+
+def start_serve(tmp_path: Path, *extra: str, db: Path | None = None) -> ServeProcess:
+    """Starts `tokentrace serve` as a real subprocess on free loopback ports."""
+    db = db or tmp_path / "tokentrace.duckdb"
+    ports = [free_port(), free_port(), free_port()]
+    cmd = [
+        sys.executable, "-m", "tokentrace", "serve",
+        "--db", str(db),
+        "--http-port", str(ports[0]),
+        "--grpc-port", str(ports[1]),
+        "--web-port", str(ports[2]),
+        *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    server = ServeProcess(proc, db, *ports)
+    try:
+        wait_for_port(ports[0], proc=proc)
+    except Exception:
+        server.stop()
+        raise
+    return server
+
+
+class ThreadServer:
+    """Runs an ASGI app under uvicorn in a daemon thread on 127.0.0.1; a context manager."""
+
+    def __init__(self, app: object, port: int | None = None) -> None:
+        import uvicorn
+
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")  # type: ignore[arg-type]
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> ThreadServer:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
