@@ -24,7 +24,7 @@ PB = {"Content-Type": "application/x-protobuf"}
 
 
 def test_flood_gets_503_then_exporter_retries_land_everything(tmp_path: Path) -> None:
-    from conftest import start_live
+    from collector_testkit import start_live
 
     from tokentrace.collector.grpc_receiver import RETRY_AFTER_S
 
@@ -70,7 +70,7 @@ def test_flood_gets_503_then_exporter_retries_land_everything(tmp_path: Path) ->
 
 
 def _serve(db: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
-    from conftest import free_port
+    from collector_testkit import free_port
 
     cmd = [sys.executable, "-m", "tokentrace", "serve", "--db", str(db), "--http-port", str(port),
            "--grpc-port", str(free_port()), "--web-port", str(free_port()), *extra]  # fmt: skip
@@ -99,7 +99,7 @@ def _send(port: int, n: int) -> None:
 
 @pytest.mark.slow
 def test_sigterm_decides_and_flushes_then_kill_9_leaves_a_clean_file(tmp_path: Path) -> None:
-    from conftest import free_port
+    from collector_testkit import free_port
 
     db = tmp_path / "t.duckdb"
     port = free_port()

@@ -19,7 +19,7 @@ FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(Healt
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):  # type: ignore[no-untyped-def]
-    from conftest import start_live
+    from collector_testkit import start_live
 
     live, stop = start_live(tmp_path_factory.mktemp("fuzz"), max_body_bytes=256 * 1024)
     client = httpx.Client(base_url=live.http)

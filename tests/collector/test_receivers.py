@@ -116,7 +116,7 @@ def test_grpc_partial_success_and_invalid_argument(live) -> None:  # type: ignor
 
 
 def test_size_limits(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from conftest import start_live
+    from collector_testkit import start_live
 
     live, stop = start_live(tmp_path, max_body_bytes=4096)
     try:

@@ -9,9 +9,9 @@ import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from tokentrace.instrumentation import _cold_start
 
 from tokentrace import instrumentation as tt
+from tokentrace.instrumentation import _cold_start
 
 
 class MemorySdk:

@@ -6,9 +6,8 @@ import asyncio
 
 import httpx
 import pytest
-from tokentrace.instrumentation import semconv as sc
+from tt_testkit import free_port
 
-from tests.conftest import free_port
 from tests.instrumentation._http_app import (
     TOKENS,
     CompletionCounter,
@@ -17,6 +16,7 @@ from tests.instrumentation._http_app import (
     wait_completed,
 )
 from tokentrace import instrumentation as tt
+from tokentrace.instrumentation import semconv as sc
 from tokentrace.store.connection import open_read_only
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tokentrace import instrumentation as tt
 from tokentrace.instrumentation import _cold_start
 from tokentrace.instrumentation import semconv as sc
 from tokentrace.instrumentation._cold_start import ColdStartTracker
-
-from tokentrace import instrumentation as tt
 
 
 class FakeClock:

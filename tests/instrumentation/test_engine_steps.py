@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import time
 
+from tokentrace import instrumentation as tt
 from tokentrace.analyzer.engine_steps import extract_engine_steps
 from tokentrace.collector.otlp import decode_protobuf
 from tokentrace.instrumentation import _steps
 from tokentrace.instrumentation import semconv as sc
-
-from tokentrace import instrumentation as tt
 from tokentrace.store.connection import open_read_only
 
 

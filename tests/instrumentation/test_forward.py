@@ -6,12 +6,12 @@ import time
 
 import pytest
 import torch
+
+from tokentrace import instrumentation as tt
 from tokentrace.analyzer.engine_steps import extract_engine_steps
 from tokentrace.collector.otlp import decode_protobuf
 from tokentrace.instrumentation import _forward
 from tokentrace.instrumentation import semconv as sc
-
-from tokentrace import instrumentation as tt
 
 SLEEP_S = 0.005
 

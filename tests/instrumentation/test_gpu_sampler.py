@@ -10,11 +10,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tt_testkit import free_port
+
+from tokentrace import instrumentation as tt
 from tokentrace.instrumentation import _gpu
 from tokentrace.instrumentation import semconv as sc
-
-from tests.conftest import free_port
-from tokentrace import instrumentation as tt
 from tokentrace.store.connection import open_read_only
 
 GIB = 1 << 30

@@ -9,10 +9,10 @@ import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
-from tokentrace.instrumentation import _gpu, _steps
 
 from tests.instrumentation.test_gpu_sampler import FakeNvml
 from tokentrace import instrumentation as tt
+from tokentrace.instrumentation import _gpu, _steps
 from tokentrace.store.connection import open_read_only
 
 REQUESTS = 120

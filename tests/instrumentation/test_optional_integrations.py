@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from tokentrace.instrumentation import semconv as sc
+from tt_testkit import free_port
 
-from tests.conftest import free_port
 from tests.instrumentation._http_app import run_app
 from tokentrace import instrumentation as tt
+from tokentrace.instrumentation import semconv as sc
 
 
 def test_openai_client_calls_get_client_spans(memory_sdk) -> None:  # type: ignore[no-untyped-def]

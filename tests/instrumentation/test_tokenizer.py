@@ -8,9 +8,9 @@ import pytest
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
-from tokentrace.instrumentation import semconv as sc
 
 from tokentrace import instrumentation as tt
+from tokentrace.instrumentation import semconv as sc
 
 VOCAB = {"[UNK]": 0, "hello": 1, "world": 2, "slow": 3, "tokens": 4}
 

@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import httpx
+from tt_testkit import start_serve
 
 from tokentrace import instrumentation as tt
 
 TOKEN = "serve-token"
-
-
-def _shared_fixtures() -> ModuleType:
-    """Loads tests/conftest.py by path: `conftest` here names this folder's own."""
-    path = Path(__file__).parents[1] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("tokentrace_tests_shared_conftest", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
-    return module
 
 
 def _wait_for_requests(web: str, headers: dict[str, str], n: int) -> dict[str, object]:
@@ -36,7 +23,7 @@ def _wait_for_requests(web: str, headers: dict[str, str], n: int) -> dict[str, o
 
 
 def test_pages_read_the_live_collector_database(tmp_path: Path) -> None:
-    serve = _shared_fixtures().start_serve(tmp_path, "--grace-s", "0.2", "--baseline", "1.0", "--api-token", TOKEN)
+    serve = start_serve(tmp_path, "--grace-s", "0.2", "--baseline", "1.0", "--api-token", TOKEN)
     try:
         sdk = tt.configure(endpoint=serve.otlp_http, service_name="web-serve-test")
         try:

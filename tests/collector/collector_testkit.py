@@ -1,0 +1,69 @@
+"""Helpers of the collector tests: a live in-process collector (OTLP/HTTP + OTLP/gRPC on
+free ports).  A uniquely named module: `conftest` names collide across test folders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tt_testkit import ThreadServer, free_port
+
+from tokentrace.collector.grpc_receiver import start_grpc_server
+from tokentrace.collector.http_receiver import create_http_app
+from tokentrace.collector.service import Collector
+from tokentrace.collector.settings import CollectorSettings
+
+__all__ = ["LiveCollector", "free_port", "start_live"]
+
+
+@dataclass
+class LiveCollector:
+    collector: Collector
+    http_port: int
+    grpc_port: int
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def settle(self) -> None:
+        """Decides everything buffered and waits until it is written."""
+        self.collector.pipeline.decide_ready(force=True)
+        self.collector.writer.flush()
+
+    def rows(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        self.settle()
+        cur = self.collector.conn.cursor()
+        try:
+            return cur.execute(sql, params or []).fetchall()
+        finally:
+            cur.close()
+
+
+def start_live(tmp_path: Path, **overrides: Any) -> tuple[LiveCollector, Any]:
+    settings = CollectorSettings(
+        db=tmp_path / "live.duckdb", http_port=free_port(), grpc_port=0, web_port=0,
+        **{"grace_s": 0.2, "baseline": 0.0, **overrides},
+    )  # fmt: skip
+    collector = Collector(settings)
+    collector.start()
+    grpc_server, grpc_port = start_grpc_server(
+        collector.pipeline, "127.0.0.1", 0, settings.max_body_bytes, collector.metrics
+    )
+    app = create_http_app(collector.pipeline, settings.max_body_bytes, collector.metrics)
+    server = ThreadServer(app, settings.http_port).__enter__()
+    live = LiveCollector(collector, settings.http_port, grpc_port)
+
+    def stop() -> None:
+        grpc_server.stop(grace=None).wait(5)
+        server.__exit__()
+        collector.close()
+
+    return live, stop
+
+
