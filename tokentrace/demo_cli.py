@@ -71,7 +71,9 @@ class DemoCollector:
         self._loop = asyncio.new_event_loop()
         self._servers: list[Any] = []
         self._grpc: Any = None
-        self._thread = threading.Thread(target=self._run, name="tokentrace-demo-collector", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="tokentrace-demo-collector", daemon=True
+        )
         self._ready = threading.Event()
         self._error: BaseException | None = None
 
@@ -104,8 +106,12 @@ class DemoCollector:
         from tokentrace.collector.http_receiver import create_http_app
 
         s, c = self.settings, self.collector
-        self._grpc, _ = start_grpc_server(c.pipeline, s.host, s.grpc_port, s.max_body_bytes, c.metrics)
-        apps: list[tuple[Any, int]] = [(create_http_app(c.pipeline, s.max_body_bytes, c.metrics), s.http_port)]
+        self._grpc, _ = start_grpc_server(
+            c.pipeline, s.host, s.grpc_port, s.max_body_bytes, c.metrics
+        )
+        apps: list[tuple[Any, int]] = [
+            (create_http_app(c.pipeline, s.max_body_bytes, c.metrics), s.http_port)
+        ]
         try:
             from tokentrace.web.app import create_web_app
         except ImportError:
@@ -113,7 +119,9 @@ class DemoCollector:
         if create_web_app is not None:
             apps.append((create_web_app(s, c), s.web_port))
         self._servers = [
-            uvicorn.Server(uvicorn.Config(app, host=s.host, port=port, log_level="warning", lifespan="off"))
+            uvicorn.Server(
+                uvicorn.Config(app, host=s.host, port=port, log_level="warning", lifespan="off")
+            )
             for app, port in apps
         ]
         for server in self._servers:
@@ -145,7 +153,11 @@ def _wait_written(demo: DemoCollector, service: str, expected: int, timeout_s: f
     while time.monotonic() < deadline:
         cur = demo.cursor()
         try:
-            count = int(cur.execute("SELECT count(*) FROM requests WHERE service = ?", [service]).fetchone()[0])
+            count = int(
+                cur.execute(
+                    "SELECT count(*) FROM requests WHERE service = ?", [service]
+                ).fetchone()[0]
+            )
         finally:
             cur.close()
         if count >= expected:
@@ -176,7 +188,9 @@ def _progress_printer(name: str, out: Any) -> Any:
             last[0] = now
             width = 24
             filled = round(width * done / max(total, 1))
-            out.write(f"\r  {name:<24} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} requests")
+            out.write(
+                f"\r  {name:<24} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} requests"
+            )
             out.flush()
 
     return show
@@ -190,7 +204,9 @@ def summarize_findings(report: dict[str, Any]) -> list[str]:
     if not findings:
         return [*lines, "  diagnosis: no complaint found"]
     top = findings[0]
-    lines.append(f"  diagnosis: {top['complaint']} — {top['title']} (confidence {top['confidence']:.2f})")
+    lines.append(
+        f"  diagnosis: {top['complaint']} — {top['title']} (confidence {top['confidence']:.2f})"
+    )
     for item in top.get("evidence", [])[:2]:
         text = item.get("text") if isinstance(item, dict) else str(item)
         lines.append(f"    evidence: {text}")
@@ -211,7 +227,6 @@ def run_demo(args: argparse.Namespace) -> int:
         sys.path.insert(0, str(repo))
     from examples.load.generator import PromptBuilder
     from examples.scenarios import SCENARIOS, get_scenario, run_scenario
-
     from tokentrace import instrumentation as tt
     from tokentrace.collector.settings import resolve
 
@@ -233,10 +248,20 @@ def run_demo(args: argparse.Namespace) -> int:
     out = sys.stdout
     demo = DemoCollector(settings)
     demo.start()
-    print(f"tokentrace demo: collector on {demo.otlp_http}, explorer on {demo.web_url}, db {settings.db}", flush=True)
-    print(f"examples: {examples}  ({'quick' if args.quick else 'full'} run, {len(scenarios)} scenarios)\n", flush=True)
+    print(
+        f"tokentrace demo: collector on {demo.otlp_http}, explorer on {demo.web_url}, db {settings.db}",
+        flush=True,
+    )
+    print(
+        f"examples: {examples}  ({'quick' if args.quick else 'full'} run, {len(scenarios)} scenarios)\n",
+        flush=True,
+    )
     tt.configure(endpoint=demo.otlp_http, service_name=CLIENT_SERVICE)
-    log_dir = Path(os.environ.get("TOKENTRACE_DEMO_LOGS", "")) if os.environ.get("TOKENTRACE_DEMO_LOGS") else None
+    log_dir = (
+        Path(os.environ.get("TOKENTRACE_DEMO_LOGS", ""))
+        if os.environ.get("TOKENTRACE_DEMO_LOGS")
+        else None
+    )
     prompts = PromptBuilder()
     summary: list[tuple[str, str | None, str | None]] = []
     try:
@@ -256,8 +281,13 @@ def run_demo(args: argparse.Namespace) -> int:
             ok = len(run.results) - run.errors
             _wait_written(demo, scenario.service, ok, timeout_s=20.0)
             time.sleep(settings.grace_s + 0.5)  # client spans of the last requests
-            report = _diagnose(demo, scenario.service)
             print(f"  {len(run.results)} requests in {run.seconds:.1f} s ({run.errors} errors)")
+            try:
+                report = _diagnose(demo, scenario.service)
+            except Exception as exc:  # say so and go on: the traces are stored either way
+                print(f"  diagnosis failed: {type(exc).__name__}: {exc}")
+                summary.append((scenario.name, scenario.complaint, "(diagnosis failed)"))
+                continue
             for line in summarize_findings(report):
                 print(line)
             top = report["findings"][0]["complaint"] if report.get("findings") else None

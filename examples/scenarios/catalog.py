@@ -92,10 +92,10 @@ def tiny_prompts_load(quick: bool) -> list[RequestSpec]:
 
 def long_wait_load(quick: bool) -> list[RequestSpec]:
     # Mooncake's long-context conversations (RAG-like): prompts of thousands of tokens.
-    rag = Scaling(prompt_scale=0.05, output_scale=0.05, min_prompt_tokens=500,
-                  max_prompt_tokens=900, min_output_tokens=8, max_output_tokens=24)  # fmt: skip
+    rag = Scaling(prompt_scale=0.06, output_scale=0.05, min_prompt_tokens=850,
+                  max_prompt_tokens=1000, min_output_tokens=8, max_output_tokens=16)  # fmt: skip
     n = _size(quick, 60)
-    return _fit(_rows(MOONCAKE_CONVERSATION, n, rag), n / 2.2)
+    return with_poisson_arrivals(_rows(MOONCAKE_CONVERSATION, n, rag), 1.5)
 
 
 def stutter_load(quick: bool) -> list[RequestSpec]:
@@ -111,21 +111,24 @@ def stutter_load(quick: bool) -> list[RequestSpec]:
 
 
 def peak_load(quick: bool) -> list[RequestSpec]:
-    n = _size(quick, 100)
-    base = 2.0
+    n = _size(quick, 112)
+    chat = Scaling(prompt_scale=0.05, output_scale=0.5, min_prompt_tokens=16,
+                   max_prompt_tokens=96, min_output_tokens=48, max_output_tokens=96)  # fmt: skip
+    base, peak = 2.0, 12.0
     calm = n * 0.2 / base  # a fifth of the requests before the peak
-    rows = _rows(AZURE_CONV, n, SHORT_CHAT)
-    return with_peak_window(rows, base, 14.0, peak_start_s=calm, peak_duration_s=n * 0.6 / 14.0)
+    return with_peak_window(
+        _rows(AZURE_CONV, n, chat), base, peak, peak_start_s=calm, peak_duration_s=n * 0.5 / peak
+    )
 
 
 def tenants_load(quick: bool) -> list[RequestSpec]:
     # bigcorp runs document jobs in bursts; small tenants chat at random times.
     n = _size(quick, 80)
     big = Scaling(prompt_scale=0.3, output_scale=1.0, min_prompt_tokens=200,
-                  max_prompt_tokens=500, min_output_tokens=48, max_output_tokens=64)  # fmt: skip
+                  max_prompt_tokens=500, min_output_tokens=24, max_output_tokens=32)  # fmt: skip
     heavy = [
         dataclasses.replace(s, tenant="bigcorp")
-        for s in with_bursts(_rows(AZURE_CODE, n // 2, big), burst_size=8, interval_s=n / 10.0)
+        for s in with_bursts(_rows(AZURE_CODE, n // 2, big), burst_size=10, interval_s=n / 8.0)
     ]
     light = assign_tenants(
         _fit(_rows(AZURE_CONV, n // 2, SHORT_CHAT, skip=200), n / 5.0),
@@ -135,18 +138,21 @@ def tenants_load(quick: bool) -> list[RequestSpec]:
 
 
 def batch_mode_load(quick: bool) -> list[RequestSpec]:
-    # Live chat all along; a batch job (summaries of long documents) in the middle third.
-    n = _size(quick, 80)
-    duration = n / 3.0
-    live = _fit(_rows(AZURE_CONV, n // 2, SHORT_CHAT), duration)
-    docs = Scaling(prompt_scale=0.3, output_scale=1.0, min_prompt_tokens=200,
-                   max_prompt_tokens=400, min_output_tokens=64, max_output_tokens=96)  # fmt: skip
-    batch_rows = _rows(AZURE_CODE, n // 2, docs, skip=100)
+    # Live chat all along; a batch job (long generations) submitted through the middle third.
+    n = _size(quick, 120)
+    live_n = n // 2
+    duration = live_n / 2.0
+    live = _fit(_rows(AZURE_CONV, live_n, SHORT_CHAT), duration)
+    gen = Scaling(prompt_scale=0.05, output_scale=1.0, min_prompt_tokens=32,
+                  max_prompt_tokens=128, min_output_tokens=160, max_output_tokens=256)  # fmt: skip
+    batch_rows = _rows(AZURE_CODE, n - live_n, gen, skip=100)
+    window = duration / 3
     batch = [
-        dataclasses.replace(s, traffic_class="batch", tenant="nightly-jobs")
-        for s in with_poisson_arrivals(batch_rows, rate_per_s=(n // 2) / (duration / 3))
+        dataclasses.replace(
+            s, traffic_class="batch", tenant="nightly-jobs", arrival_s=s.arrival_s + window
+        )
+        for s in _fit(batch_rows, window)
     ]
-    batch = [dataclasses.replace(s, arrival_s=s.arrival_s + duration / 3) for s in batch]
     return sorted(live + batch, key=lambda s: s.arrival_s)
 
 
@@ -161,8 +167,10 @@ def production_load(quick: bool) -> list[RequestSpec]:
 
 
 def cold_start_load(quick: bool) -> list[RequestSpec]:
+    chat = Scaling(prompt_scale=0.01, output_scale=0.1, min_prompt_tokens=8,
+                   max_prompt_tokens=16, min_output_tokens=4, max_output_tokens=6)  # fmt: skip
     n = _size(quick, 72)
-    return _fit(_rows(AZURE_CONV, n, SHORT_CHAT, skip=400), n / 3.0)
+    return _fit(_rows(AZURE_CONV, n, chat, skip=400), n / 2.5)
 
 
 # ---- the scenarios ------------------------------------------------------------
@@ -183,8 +191,23 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "long_wait_then_fast",
         "long_wait_then_fast",
-        "RAG prompts of ~500-900 tokens, unchunked, short answers: TTFT is the prefill.",
-        (Deployment(long_wait_load, {"max_batch_size": 4, "max_tokens_per_step": 2048}),),
+        "RAG prompts of 500-900 tokens prefilled together, unchunked, short answers: TTFT is the prefill.",
+        (
+            Deployment(
+                long_wait_load,
+                {
+                    # a mid-size model (d_model 384, 6 layers): prefill of ~900 tokens is real work
+                    "d_model": 384,
+                    "n_heads": 6,
+                    "n_layers": 6,
+                    "d_ff": 1536,
+                    "max_batch_size": 4,
+                    "max_tokens_per_step": 4096,
+                    "prefill_interrupts_decode": False,
+                    "threads": 2,
+                },
+            ),
+        ),
     ),
     Scenario(
         "stutter",
@@ -210,8 +233,18 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "big_tenants_slower",
         "big_tenants_slower",
-        "One tenant sends bursts of long jobs into the shared FIFO queue.",
-        (Deployment(tenants_load, {"max_batch_size": 4, "max_tokens_per_step": 2048}),),
+        "One tenant sends bursts of long jobs; the shared queue admits the shortest prompts first.",
+        (
+            Deployment(
+                tenants_load,
+                {
+                    "max_batch_size": 4,
+                    "prefill_chunk_size": 32,
+                    "max_tokens_per_step": 64,
+                    "shortest_prompt_first": True,
+                },
+            ),
+        ),
     ),
     Scenario(
         "batch_mode_breaks_live",
@@ -220,7 +253,12 @@ SCENARIOS: tuple[Scenario, ...] = (
         (
             Deployment(
                 batch_mode_load,
-                {"max_batch_size": 32, "batch_delay_ms": 150.0, "max_tokens_per_step": 4096},
+                {
+                    "max_batch_size": 16,
+                    "batch_delay_ms": 150.0,
+                    "prefill_chunk_size": 16,
+                    "max_tokens_per_step": 96,
+                },
             ),
         ),
     ),
@@ -240,11 +278,21 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "cold_start",
         "cold_start",
-        "Three fresh instances that load their weights on the first request, no warm-up.",
+        "Three fresh instances of a larger model that load their weights on the first request, no warm-up.",
         (
             Deployment(
                 cold_start_load,
-                {"max_batch_size": 8, "warmup": False, "lazy_load": True},
+                {
+                    # a bigger model: loading its weights is the cold start
+                    "d_model": 768,
+                    "n_heads": 12,
+                    "n_layers": 12,
+                    "d_ff": 3072,
+                    "threads": 2,
+                    "max_batch_size": 8,
+                    "warmup": False,
+                    "lazy_load": True,
+                },
                 instances=3,
             ),
         ),

@@ -26,6 +26,7 @@ class ServerConfig:
     prefill_chunk_size: int | None = None
     batch_delay_ms: float = 0.0
     prefill_interrupts_decode: bool = True
+    shortest_prompt_first: bool = False  # admission order within a traffic class
     kv_slots: int | None = None
     # model shape; weights are seeded random numbers
     d_model: int = 256
@@ -40,7 +41,9 @@ class ServerConfig:
     tokenizer: str = "bpe"  # "bpe" (trained at start-up) or "byte"
     vocab_size: int = 4096
     warmup: bool = True  # one tiny request at start-up, so the first user does not pay for it
-    lazy_load: bool = False  # load the weights on the first request (fast start, cold first request)
+    lazy_load: bool = (
+        False  # load the weights on the first request (fast start, cold first request)
+    )
     # tracing (tokentrace SDK); no endpoint: the server runs untraced
     otlp_endpoint: str | None = None  # e.g. http://127.0.0.1:4318
     service_name: str | None = None  # default: model_name

@@ -82,6 +82,7 @@ class TinyLLMEngine:
                 prefill_chunk_size=cfg.prefill_chunk_size,
                 batch_delay_ms=cfg.batch_delay_ms,
                 prefill_interrupts_decode=cfg.prefill_interrupts_decode,
+                shortest_prompt_first=cfg.shortest_prompt_first,
             ),
             kv_slots=cfg.kv_slots,
             eos_id=self.tokenizer.eos_id,

@@ -56,6 +56,9 @@ class SchedulerConfig:
     # stall for the prefill compute (stutter). False: no new prefill is admitted
     # while any sequence decodes; decodes stream smoothly, queue_wait grows instead.
     prefill_interrupts_decode: bool = True
+    # Within a traffic class, admit the shortest prompt first instead of the oldest request
+    # (throughput-friendly; long prompts can wait behind a stream of short ones).
+    shortest_prompt_first: bool = False
     # Stop at the tokenizer's end-of-text id. Off by default: random weights would stop at random.
     stop_at_eos: bool = False
 
@@ -347,7 +350,9 @@ class Scheduler:
                 else zlib.crc32(request.request_id.encode())
             )
             seq.generator = torch.Generator(device=self.device).manual_seed(seed)
-        priority = TRAFFIC_CLASS_PRIORITY[request.traffic_class]
+        priority = TRAFFIC_CLASS_PRIORITY[request.traffic_class] * 1_000_000
+        if self.config.shortest_prompt_first:
+            priority += len(request.prompt_ids)
         heapq.heappush(self._waiting, (priority, next(self._arrival_counter), seq))
 
     def step(self) -> StepStats | None:
@@ -438,19 +443,23 @@ class Scheduler:
         """Run the model for `plan` and emit the sampled tokens.
 
         Prefill chunks run first, then one batched decode: in a mixed step the
-        decoding sequences wait for the prefill compute, as in vLLM.
+        decoding sequences wait for the prefill compute, as in vLLM. Every token
+        of the step is emitted at its end, as from one batched forward pass.
         """
+        sampled: list[tuple[Sequence, int]] = []
         for chunk in plan.prefill:
             logits = self._forward_prefill(chunk)
             if chunk.completes_prompt:
-                token = self._sample(chunk.sequence, logits.unsqueeze(0))[0]
-                self._emit_token(chunk.sequence, token, self.clock())
+                sampled.append(
+                    (chunk.sequence, self._sample(chunk.sequence, logits.unsqueeze(0))[0])
+                )
         if plan.decode:
             logits = self._forward_decode(plan.decode)
             tokens = self._sample_batch(plan.decode, logits)
-            now = self.clock()
-            for seq, token in zip(plan.decode, tokens, strict=True):
-                self._emit_token(seq, token, now)
+            sampled.extend(zip(plan.decode, tokens, strict=True))
+        now = self.clock()
+        for seq, token in sampled:
+            self._emit_token(seq, token, now)
 
     def _forward_prefill(self, chunk: PrefillChunk) -> torch.Tensor:
         """Return logits after feeding one prompt chunk into the sequence's cache slot."""
