@@ -23,10 +23,10 @@ from typing import Any
 import duckdb
 import httpx
 import uvicorn
-from tokentrace.collector.settings import CollectorSettings
-from tokentrace.web.app import create_web_app
 
+from tokentrace.collector.settings import CollectorSettings
 from tokentrace.store.connection import open_db
+from tokentrace.web.app import create_web_app
 
 BASE_NS = 1_767_225_600 * 10**9
 SPAN_NS = 6 * 3600 * 10**9  # the requests spread over six hours

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,27 @@ def import_files(settings: CollectorSettings, paths: Iterable[Path]) -> dict[str
         collector.close()
 
 
+def _quiet_server_class() -> type:
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        """A uvicorn server that leaves SIGTERM/SIGINT to the collector.
+
+        Each uvicorn server would otherwise capture the signals itself and
+        re-raise them on exit; the collector must instead stop every server
+        together and then decide and flush what is buffered.
+        """
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+        def install_signal_handlers(self) -> None:  # uvicorn < 0.29
+            return None
+
+    return QuietServer
+
+
 async def _serve(settings: CollectorSettings, ready: Any = None) -> None:
     import uvicorn
 
@@ -143,14 +165,13 @@ async def _serve(settings: CollectorSettings, ready: Any = None) -> None:
         create_web_app = None  # type: ignore[assignment]
     if create_web_app is not None:
         apps.append((create_web_app(settings, collector), settings.web_port))
+    _QuietServer = _quiet_server_class()
     servers = [
-        uvicorn.Server(
+        _QuietServer(
             uvicorn.Config(app, host=settings.host, port=port, log_level="warning", lifespan="off")
         )
         for app, port in apps
     ]
-    for server in servers:
-        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

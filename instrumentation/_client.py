@@ -13,6 +13,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._config import get_tracing
 from tokentrace.instrumentation._safety import log_once

@@ -137,10 +137,10 @@ _lock = threading.Lock()
 _tracing: Tracing | None = None
 #: Cold-path flushes (engine steps, CUDA timings, GPU sampler) run before the
 #: provider flushes, so their last spans still leave the process.
-_flush_hooks: list[Callable[[], None]] = []
+_flush_hooks: list[Callable[[], object]] = []
 
 
-def add_flush_hook(hook: Callable[[], None]) -> None:
+def add_flush_hook(hook: Callable[[], object]) -> None:
     """Registers `hook` to run before spans are flushed at shutdown / reconfigure."""
     if hook not in _flush_hooks:
         _flush_hooks.append(hook)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import wrapt
+
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._client import ClientRequest
 from tokentrace.instrumentation._safety import log_once

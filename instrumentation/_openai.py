@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import wrapt
+
 from tokentrace.instrumentation._httpx import instrument_httpx
 from tokentrace.instrumentation._safety import log_once
 

@@ -24,6 +24,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
 from tokentrace.instrumentation import _cold_start as cold_start
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._config import get_tracing

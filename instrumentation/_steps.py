@@ -18,6 +18,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
+
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._config import add_flush_hook, get_tracing
 from tokentrace.instrumentation._forward import poll_device_timings

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import wrapt
+
 from tokentrace.instrumentation._request import RequestTrace, current_request
 
 #: Methods timed as "tokenize" / "detokenize"; everything else passes through untouched.

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import wrapt
+
 from tokentrace.instrumentation._request import RequestTrace, current_request, request
 from tokentrace.instrumentation._safety import log_once
 

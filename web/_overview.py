@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import duckdb
+
 from tokentrace.analyzer.filters import Filters
 from tokentrace.web import queries
 from tokentrace.web._db import time_limit

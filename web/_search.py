@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import duckdb
+
 from tokentrace.web._db import fetch_dicts, table_columns, time_limit
 from tokentrace.web._overview import newest_start_ns
 from tokentrace.web._params import ParamError, SearchParams, ViewFilters

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import duckdb
+
 from tokentrace.instrumentation import semconv as sc
 from tokentrace.web import queries
 from tokentrace.web._db import fetch_dicts, time_limit

@@ -20,6 +20,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+
+from tokentrace.store.connection import StoreError
 from tokentrace.web import _format
 from tokentrace.web._db import Database, QueryTimeout, fetch_dicts
 from tokentrace.web._export import to_chrome_trace, to_otlp_json
@@ -28,8 +30,6 @@ from tokentrace.web._params import ParamError, parse_search, parse_trace_id, par
 from tokentrace.web._report_cache import REPORT_TIME_LIMIT_S, ReportCache
 from tokentrace.web._search import search_data
 from tokentrace.web._trace import TraceNotFound, load_spans, trace_data
-
-from tokentrace.store.connection import StoreError
 
 logger = logging.getLogger("tokentrace.web")
 HERE = Path(__file__).parent
