@@ -92,10 +92,10 @@ def tiny_prompts_load(quick: bool) -> list[RequestSpec]:
 
 def long_wait_load(quick: bool) -> list[RequestSpec]:
     # Mooncake's long-context conversations (RAG-like): prompts of thousands of tokens.
-    rag = Scaling(prompt_scale=0.06, output_scale=0.05, min_prompt_tokens=850,
-                  max_prompt_tokens=1000, min_output_tokens=8, max_output_tokens=16)  # fmt: skip
+    rag = Scaling(prompt_scale=0.06, output_scale=0.05, min_prompt_tokens=700,
+                  max_prompt_tokens=900, min_output_tokens=8, max_output_tokens=16)  # fmt: skip
     n = _size(quick, 60)
-    return with_poisson_arrivals(_rows(MOONCAKE_CONVERSATION, n, rag), 1.5)
+    return _fit(with_poisson_arrivals(_rows(MOONCAKE_CONVERSATION, n, rag), 1.0), n / 1.4)
 
 
 def stutter_load(quick: bool) -> list[RequestSpec]:
@@ -114,7 +114,7 @@ def peak_load(quick: bool) -> list[RequestSpec]:
     n = _size(quick, 112)
     chat = Scaling(prompt_scale=0.05, output_scale=0.5, min_prompt_tokens=16,
                    max_prompt_tokens=96, min_output_tokens=48, max_output_tokens=96)  # fmt: skip
-    base, peak = 2.0, 12.0
+    base, peak = 2.0, 20.0
     calm = n * 0.2 / base  # a fifth of the requests before the peak
     return with_peak_window(
         _rows(AZURE_CONV, n, chat), base, peak, peak_start_s=calm, peak_duration_s=n * 0.5 / peak
@@ -138,32 +138,33 @@ def tenants_load(quick: bool) -> list[RequestSpec]:
 
 
 def batch_mode_load(quick: bool) -> list[RequestSpec]:
-    # Live chat all along; a batch job (long generations) submitted through the middle third.
+    # Live chat all along; a batch job (long generations) submitted through the middle 40 %.
     n = _size(quick, 120)
-    live_n = n // 2
-    duration = live_n / 2.0
+    live_n = n * 3 // 5
+    duration = live_n / 3.0
     live = _fit(_rows(AZURE_CONV, live_n, SHORT_CHAT), duration)
     gen = Scaling(prompt_scale=0.05, output_scale=1.0, min_prompt_tokens=32,
-                  max_prompt_tokens=128, min_output_tokens=160, max_output_tokens=256)  # fmt: skip
+                  max_prompt_tokens=128, min_output_tokens=96, max_output_tokens=160)  # fmt: skip
     batch_rows = _rows(AZURE_CODE, n - live_n, gen, skip=100)
-    window = duration / 3
+    start, window = duration * 0.3, duration * 0.4
     batch = [
         dataclasses.replace(
-            s, traffic_class="batch", tenant="nightly-jobs", arrival_s=s.arrival_s + window
+            s, traffic_class="batch", tenant="nightly-jobs", arrival_s=s.arrival_s + start
         )
-        for s in _fit(batch_rows, window)
+        for s in with_poisson_arrivals(batch_rows, rate_per_s=len(batch_rows) / window)
+        if s.arrival_s <= window
     ]
     return sorted(live + batch, key=lambda s: s.arrival_s)
 
 
 def staging_load(quick: bool) -> list[RequestSpec]:
-    n = _size(quick, 48) // 2 + 8
-    return _fit(_rows(AZURE_CONV, n, SHORT_CHAT, skip=300), n / 1.5)
+    n = 24
+    return _fit(_rows(AZURE_CONV, n, SHORT_CHAT, skip=300), n / 2.0)
 
 
 def production_load(quick: bool) -> list[RequestSpec]:
     n = _size(quick, 96)
-    return _fit(_rows(AZURE_CONV, n, SHORT_CHAT), n / 8.0)
+    return _fit(_rows(AZURE_CONV, n, SHORT_CHAT), n / 14.0)
 
 
 def cold_start_load(quick: bool) -> list[RequestSpec]:
@@ -191,16 +192,16 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "long_wait_then_fast",
         "long_wait_then_fast",
-        "RAG prompts of 500-900 tokens prefilled together, unchunked, short answers: TTFT is the prefill.",
+        "RAG prompts of 700-900 tokens on a mid-size model, prefilled together, unchunked, short answers: TTFT is the prefill.",
         (
             Deployment(
                 long_wait_load,
                 {
-                    # a mid-size model (d_model 384, 6 layers): prefill of ~900 tokens is real work
-                    "d_model": 384,
-                    "n_heads": 6,
-                    "n_layers": 6,
-                    "d_ff": 1536,
+                    # a mid-size model (d_model 512, 8 layers): prefill of ~800 tokens is real work
+                    "d_model": 512,
+                    "n_heads": 8,
+                    "n_layers": 8,
+                    "d_ff": 2048,
                     "max_batch_size": 4,
                     "max_tokens_per_step": 4096,
                     "prefill_interrupts_decode": False,
@@ -227,7 +228,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "peak_hours",
         "peak_hours",
-        "Arrivals jump 7x for a while; the server admits everything into a small batch.",
+        "Arrivals jump 10x for a while; the server admits everything into a small batch.",
         (Deployment(peak_load, {"max_batch_size": 2, "batch_delay_ms": 20.0}),),
     ),
     Scenario(
@@ -249,7 +250,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "batch_mode_breaks_live",
         "batch_mode_breaks_live",
-        "A batch job shares the server with live chat under aggressive batching (big batches, 150 ms batch delay).",
+        "A batch job shares the server with live chat under aggressive batching (batch 16, 150 ms batch delay).",
         (
             Deployment(
                 batch_mode_load,

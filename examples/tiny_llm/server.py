@@ -152,8 +152,10 @@ class CompletionHandler:
             if traced is not None:
                 traced.finish(None, 0, exc)
             raise
-        detokenizer = self.engine.detokenizer(traced.tokenizer if traced else None)
         if body.stream:
+            # Per-token detokenization takes microseconds: a phase span per token would
+            # cost more to export than it measures, so streams detokenize untraced.
+            detokenizer = self.engine.detokenizer()
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(
                 self.stream(
@@ -162,6 +164,7 @@ class CompletionHandler:
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache", REQUEST_ID_HEADER: ctx.request_id},
             )
+        detokenizer = self.engine.detokenizer(traced.tokenizer if traced else None)
         try:
             result = await self.collect(ctx, model, len(prompt_ids), events, detokenizer)
         except Exception as exc:

@@ -1,0 +1,43 @@
+"""The scenario catalog: every complaint has a scenario, and every load is a real, sized replay."""
+
+from __future__ import annotations
+
+import pytest
+
+from examples.scenarios import SCENARIOS, get_scenario
+from examples.tiny_llm.config import ServerConfig
+
+COMPLAINTS = {
+    "tiny_prompts_slow",
+    "bad_in_production",
+    "long_wait_then_fast",
+    "stutter",
+    "peak_hours",
+    "big_tenants_slower",
+    "batch_mode_breaks_live",
+    "cold_start",
+}
+
+
+def test_one_scenario_per_complaint_plus_a_healthy_baseline() -> None:
+    assert {s.complaint for s in SCENARIOS} == COMPLAINTS | {None}
+    assert get_scenario("healthy").complaint is None
+    assert len({s.service for s in SCENARIOS}) == len(SCENARIOS)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
+def test_loads_are_big_enough_to_diagnose_and_fit_the_model(scenario) -> None:  # type: ignore[no-untyped-def]
+    for quick in (True, False):
+        specs = [spec for d in scenario.deployments for spec in d.load(quick)]
+        # the analyzer needs about 30 requests in a window before it states anything
+        assert len(specs) >= 32
+        assert all(s.arrival_s >= 0 for s in specs)
+    for deployment in scenario.deployments:
+        config = ServerConfig.from_env({}, **deployment.server)  # every setting is a real field
+        for spec in deployment.load(False):
+            assert spec.prompt_tokens + spec.output_tokens <= config.max_seq_len
+
+
+def test_unknown_scenario_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown scenario"):
+        get_scenario("nope")
