@@ -164,7 +164,7 @@ def staging_load(quick: bool) -> list[RequestSpec]:
 
 def production_load(quick: bool) -> list[RequestSpec]:
     n = _size(quick, 96)
-    return _fit(_rows(AZURE_CONV, n, SHORT_CHAT), n / 14.0)
+    return _fit(_rows(AZURE_CONV, n, SHORT_CHAT), n / 20.0)
 
 
 def cold_start_load(quick: bool) -> list[RequestSpec]:
@@ -228,8 +228,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "peak_hours",
         "peak_hours",
-        "Arrivals jump 10x for a while; the server admits everything into a small batch.",
-        (Deployment(peak_load, {"max_batch_size": 2, "batch_delay_ms": 20.0}),),
+        "Arrivals jump 10x for a while; the server serves one sequence at a time and queues the rest.",
+        (Deployment(peak_load, {"max_batch_size": 1, "batch_delay_ms": 20.0}),),
     ),
     Scenario(
         "big_tenants_slower",
@@ -266,14 +266,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "bad_in_production",
         "bad_in_production",
-        "The same build in staging (light traffic) and production (busy, tight batch): the queue shows up in production.",
+        "The same build (one sequence at a time) in staging (2 req/s) and production (20 req/s): the queue shows up in production.",
         (
-            Deployment(staging_load, {"max_batch_size": 2}, environment="staging"),
-            Deployment(
-                production_load,
-                {"max_batch_size": 2, "batch_delay_ms": 20.0},
-                environment="production",
-            ),
+            Deployment(staging_load, {"max_batch_size": 1}, environment="staging"),
+            Deployment(production_load, {"max_batch_size": 1}, environment="production"),
         ),
     ),
     Scenario(
