@@ -233,8 +233,10 @@ def run_demo(args: argparse.Namespace) -> int:
     wanted = getattr(args, "scenarios", None)
     scenarios = [get_scenario(n.strip()) for n in wanted.split(",")] if wanted else list(SCENARIOS)
     db = Path(args.db) if getattr(args, "db", None) else DEFAULT_DEMO_DB
-    if not getattr(args, "db", None) and db.exists():
-        db.unlink()  # a fresh demo database each run (an explicit --db is appended to)
+    if not getattr(args, "db", None):
+        # a fresh demo database each run (an explicit --db is appended to)
+        for stale in (db, db.with_name(db.name + ".wal")):
+            stale.unlink(missing_ok=True)
     taken: set[int] = set()
     settings = resolve(
         {
@@ -242,7 +244,9 @@ def run_demo(args: argparse.Namespace) -> int:
             "http_port": _port(4318, taken),
             "grpc_port": _port(4317, taken),
             "web_port": _port(8600, taken),
-            "grace_s": 0.5,
+            # the product default: client spans leave the demo process in batches
+            # (every 0.5 s) and must reach their trace before it is decided
+            "grace_s": 2.0,
         }
     )
     out = sys.stdout
