@@ -159,13 +159,13 @@ def batch_mode_load(quick: bool) -> list[RequestSpec]:
 
 def staging_load(quick: bool) -> list[RequestSpec]:
     n = _size(quick, 48) // 2 + 8
-    return _fit(_rows(AZURE_CONV, n, SHORT_CHAT, skip=300), n / 4.0)
+    return _fit(_rows(AZURE_CONV, n, SHORT_CHAT), n / 4.0)  # production's request mix
 
 
 def production_load(quick: bool) -> list[RequestSpec]:
-    # Steady production traffic over the same seconds as staging (no peak): 16 req/s.
+    # Steady production traffic over about the same seconds as staging (no peak): 20 req/s.
     n = _size(quick, 192)
-    return _fit(with_poisson_arrivals(_rows(AZURE_CONV, n, SHORT_CHAT), 16.0), n / 16.0)
+    return _fit(with_poisson_arrivals(_rows(AZURE_CONV, n, SHORT_CHAT), 20.0), n / 20.0)
 
 
 def cold_start_load(quick: bool) -> list[RequestSpec]:
@@ -267,7 +267,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "bad_in_production",
         "bad_in_production",
-        "The same build (one sequence at a time) in staging (4 req/s) and production (16 req/s), both steady: the queue shows up in production.",
+        "The same build (one sequence at a time) in staging (4 req/s) and production (20 req/s), both steady: the queue shows up in production.",
         (
             Deployment(staging_load, {"max_batch_size": 1}, environment="staging"),
             Deployment(production_load, {"max_batch_size": 1}, environment="production"),
