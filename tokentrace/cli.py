@@ -162,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="the diagnosis: where the time goes and what to fix first")
     p.add_argument("--format", choices=("text", "markdown", "json", "html"), default="text")
+    p.add_argument(
+        "--url",
+        help="ask a running `tokentrace serve` (its web URL, e.g. http://127.0.0.1:8600) "
+        "instead of opening --db, which the server holds",
+    )
+    p.add_argument("--token", help="bearer token of a server started with --api-token (env TOKENTRACE_API_TOKEN)")
     p.add_argument("--output", "-o", type=Path, help="write to this file instead of stdout")
     _add_db(p)
     _add_window(p)
