@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import signal
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -144,77 +145,157 @@ def _quiet_server_class() -> type:
     return QuietServer
 
 
-async def _serve(settings: CollectorSettings, ready: Any = None) -> None:
-    import uvicorn
+class CollectorServer:
+    """A running collector: OTLP/gRPC, OTLP/HTTP and the web explorer, with a `stop()`.
 
-    collector = Collector(settings)
-    collector.start()
-    grpc_server, grpc_port = start_grpc_server(
-        collector.pipeline, settings.host, settings.grpc_port, settings.max_body_bytes,
-        collector.metrics,
-    )  # fmt: skip
-    apps: list[tuple[Any, int]] = [
-        (
-            create_http_app(collector.pipeline, settings.max_body_bytes, collector.metrics),
-            settings.http_port,
-        )
-    ]
-    try:
-        from tokentrace.web.app import create_web_app
-    except ImportError:  # the web explorer is optional at this layer
-        create_web_app = None  # type: ignore[assignment]
-    if create_web_app is not None:
-        apps.append((create_web_app(settings, collector), settings.web_port))
-    _QuietServer = _quiet_server_class()
-    servers = [
-        _QuietServer(
-            uvicorn.Config(app, host=settings.host, port=port, log_level="warning", lifespan="off")
-        )
-        for app, port in apps
-    ]
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    The uvicorn servers run on their own event loop in a background thread (the
+    gRPC server has its own threads), so the caller's thread stays free:
+    `serve()` waits there for a signal, `tokentrace demo` runs its scenarios.
+    """
+
+    def __init__(self, settings: CollectorSettings) -> None:
+        self.settings = settings
+        self.collector = Collector(settings)
+        self.grpc_port = settings.grpc_port
+        self._grpc: Any = None
+        self._servers: list[Any] = []
+        self._thread: threading.Thread | None = None
+        self._restore_gc: Any = None
+        self._stopped = False
+
+    @property
+    def otlp_http_url(self) -> str:
+        return f"http://{self.settings.host}:{self.settings.http_port}"
+
+    @property
+    def web_url(self) -> str:
+        return f"http://{self.settings.host}:{self.settings.web_port}"
+
+    def start(self, timeout_s: float = 60.0) -> CollectorServer:
+        """Starts every server and returns once all of them accept connections.
+
+        Raises (after stopping whatever did start) when one cannot start, e.g.
+        a port in use.
+        """
+        import uvicorn
+
+        s, c = self.settings, self.collector
         try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
-    tasks = [asyncio.create_task(s.serve()) for s in servers]
-    try:
-        while not all(s.started for s in servers):
-            if any(t.done() for t in tasks):
-                for t in tasks:
-                    if t.done() and t.exception():
-                        raise t.exception()  # type: ignore[misc]
-                raise RuntimeError("a server stopped during start-up")
-            await asyncio.sleep(0.02)
+            c.start()
+            self._grpc, self.grpc_port = start_grpc_server(
+                c.pipeline, s.host, s.grpc_port, s.max_body_bytes, c.metrics
+            )
+            apps: list[tuple[Any, int]] = [
+                (create_http_app(c.pipeline, s.max_body_bytes, c.metrics), s.http_port)
+            ]
+            try:
+                from tokentrace.web.app import create_web_app
+            except ImportError:  # the web explorer is optional at this layer
+                create_web_app = None  # type: ignore[assignment]
+            if create_web_app is not None:
+                apps.append((create_web_app(s, c), s.web_port))
+            quiet_server = _quiet_server_class()
+            self._servers = [
+                quiet_server(
+                    uvicorn.Config(app, host=s.host, port=port, log_level="warning", lifespan="off")
+                )
+                for app, port in apps
+            ]
+            started = threading.Event()
+            errors: list[BaseException] = []
+            self._thread = threading.Thread(
+                target=self._run, args=(started, errors), name="tokentrace-collector", daemon=True
+            )
+            self._thread.start()
+            if not started.wait(timeout_s):
+                raise RuntimeError(
+                    f"the collector's servers did not start within {timeout_s:.0f} s"
+                )
+            if errors:
+                raise RuntimeError(
+                    f"a collector server could not start: {errors[0]!r}"
+                ) from errors[0]
+        except BaseException:
+            self.stop()
+            raise
         logger.info(
             "tokentrace serving: OTLP/HTTP %s:%d, OTLP/gRPC %s:%d, web %s:%d, db %s",
-            settings.host,
-            settings.http_port,
-            settings.host,
-            grpc_port,
-            settings.host,
-            settings.web_port,
-            settings.db,
-        )
-        restore_gc = tune_for_ingest()
-        if ready is not None:
-            ready()
+            s.host, s.http_port, s.host, self.grpc_port, s.host, s.web_port, s.db,
+        )  # fmt: skip
+        self._restore_gc = tune_for_ingest()
+        return self
+
+    def _run(self, started: threading.Event, errors: list[BaseException]) -> None:
+        loop = asyncio.new_event_loop()
         try:
-            await stop.wait()
+            loop.run_until_complete(self._serve_all(started, errors))
+        except BaseException as exc:  # uvicorn exits (SystemExit) when it cannot bind
+            errors.append(exc)
+            for server in self._servers:
+                server.should_exit = True
         finally:
-            restore_gc()
-    finally:
-        # stop taking data first (gRPC lets in-flight exports finish), then
-        # decide and flush everything buffered
-        grpc_server.stop(grace=5).wait(10)
-        for s in servers:
-            s.should_exit = True
+            started.set()
+            loop.close()
+
+    async def _serve_all(self, started: threading.Event, errors: list[BaseException]) -> None:
+        tasks = [asyncio.create_task(server.serve()) for server in self._servers]
+        try:
+            while not all(server.started for server in self._servers):
+                if any(t.done() for t in tasks):
+                    failed = [t.exception() for t in tasks if t.done() and t.exception()]
+                    errors.append(failed[0] or RuntimeError("a server stopped during start-up"))
+                    for server in self._servers:
+                        server.should_exit = True
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            started.set()
         await asyncio.gather(*tasks, return_exceptions=True)
-        collector.close()
+
+    def stop(self) -> None:
+        """Stops every server, then decides and flushes everything buffered; runs once."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            if self._restore_gc is not None:
+                self._restore_gc()
+            # stop taking data first (gRPC lets in-flight exports finish), then
+            # decide and flush everything buffered
+            if self._grpc is not None:
+                self._grpc.stop(grace=5).wait(10)
+            for server in self._servers:
+                server.should_exit = True
+            if self._thread is not None:
+                self._thread.join(30)
+        finally:
+            self.collector.close()
+
+
+def start_servers(settings: CollectorSettings) -> CollectorServer:
+    """Starts the collector and its servers; the handle's `stop()` decides, flushes and closes."""
+    return CollectorServer(settings).start()
 
 
 def serve(settings: CollectorSettings, ready: Any = None) -> None:
     """Runs the collector until SIGTERM/SIGINT, then decides and flushes everything."""
-    asyncio.run(_serve(settings, ready))
+    stop = threading.Event()
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+        except ValueError:  # not the main thread: the caller owns the signals
+            pass
+    try:
+        server = start_servers(settings)
+        try:
+            if ready is not None:
+                ready()
+            # a timeout keeps the main thread responsive to signals on every platform
+            while not stop.wait(0.5):
+                pass
+        finally:
+            server.stop()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
