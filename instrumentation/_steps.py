@@ -34,8 +34,11 @@ FLUSH_INTERVAL_S = 1.0
 DEVICE_WAIT_NS = 2_000_000_000
 
 # (start_ns, end_ns, prefill_tokens, decode_seqs, batch_size, queue_depth,
-#  request_ids, kv_usage, gpu_us, tally)
-_StepRecord = tuple[int, int, int, int, int, int, str, float, int, DeviceTally | None]
+#  request_ids, kv_usage, gpu_us, tally).  An `EngineStep` appends its raw
+# request-id list (batch_size 0, kv_usage possibly None): de-duplicating,
+# joining and converting are the flusher's work, not the scheduler's.
+_StepRecord = tuple[int, int, int, int, int, int, str | list[str], float | None, int, DeviceTally | None]
+_time_ns = time.time_ns
 
 _current_step: contextvars.ContextVar[EngineStep | None] = contextvars.ContextVar(
     "tokentrace_engine_step", default=None
@@ -124,7 +127,19 @@ class StepRecorder:
         tracer = get_tracing().tracer
         gpu_us: list[int] = []
         fwd_host_us: list[int] = []
+        batch_size: list[int] = []
+        request_ids: list[str] = []
+        kv_usage: list[float] = []
         for rec in batch:
+            ids = rec[6]
+            if isinstance(ids, list):  # from EngineStep: a chunked prefill may list one request twice
+                unique = list(dict.fromkeys(ids))
+                batch_size.append(len(unique))
+                request_ids.append(",".join(unique))
+            else:
+                batch_size.append(rec[4])
+                request_ids.append(ids)
+            kv_usage.append(_kv(rec[7]))
             tally = rec[9]
             if tally is not None and tally.count:
                 fwd_host_us.append(tally.host_ns // 1000)
@@ -139,10 +154,10 @@ class StepRecorder:
             semconv.STEP_DURATION_US: [(r[1] - r[0]) // 1000 for r in batch],
             semconv.STEP_PREFILL_TOKENS: [r[2] for r in batch],
             semconv.STEP_DECODE_SEQS: [r[3] for r in batch],
-            semconv.STEP_BATCH_SIZE: [r[4] for r in batch],
+            semconv.STEP_BATCH_SIZE: batch_size,
             semconv.STEP_QUEUE_DEPTH: [r[5] for r in batch],
-            semconv.STEP_REQUEST_IDS: [r[6] for r in batch],
-            semconv.STEP_KV_USAGE: [r[7] for r in batch],
+            semconv.STEP_REQUEST_IDS: request_ids,
+            semconv.STEP_KV_USAGE: kv_usage,
             semconv.STEP_GPU_US: gpu_us,
             semconv.STEP_FORWARD_HOST_US: fwd_host_us,
         }
@@ -158,6 +173,17 @@ class StepRecorder:
         )
         span.end(end_time=max(r[1] for r in batch))
         self.emitted_spans += 1
+
+
+def _kv(value: float | None) -> float:
+    """Gives a KV-cache usage as a float, -1.0 when unknown or not a number."""
+    if value is None:
+        return -1.0
+    try:
+        return float(value)
+    except (TypeError, ValueError) as exc:  # a bad value loses that field, not the step
+        log_once("engine-step kv_usage", exc)
+        return -1.0
 
 
 recorder = StepRecorder()
@@ -202,28 +228,27 @@ class EngineStep:
 
     def __enter__(self) -> EngineStep:
         self._ctx_token = _current_step.set(self)
-        self.start_ns = time.time_ns()
+        self.start_ns = _time_ns()
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        end_ns = time.time_ns()
-        if self._ctx_token is not None:
-            _current_step.reset(self._ctx_token)
+        # Hot path: one tuple appended; the flusher de-duplicates and joins the ids.
+        end_ns = _time_ns()
+        token = self._ctx_token
+        if token is not None:
+            _current_step.reset(token)
             self._ctx_token = None
-        all_ids = self.request_ids
-        decode_seqs = len(all_ids) - self.prefill_seqs
-        ids = list(dict.fromkeys(all_ids))  # a chunked prefill may list one request twice
-        kv = -1.0 if self.kv_usage is None else float(self.kv_usage)
+        ids = self.request_ids
         recorder.append(
             (
                 self.start_ns,
                 end_ns,
                 self.prefill_tokens,
-                decode_seqs,
-                len(ids),
+                len(ids) - self.prefill_seqs,
+                0,
                 self.queue_depth,
-                ",".join(ids),
-                kv,
+                ids,
+                self.kv_usage,
                 -1,
                 self.tally,
             )
