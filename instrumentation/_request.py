@@ -40,6 +40,7 @@ _current: contextvars.ContextVar[RequestTrace | None] = contextvars.ContextVar(
 _F = TypeVar("_F", bound=Callable[..., Any])
 _ids = itertools.count(1)
 _pid = os.getpid()
+_monotonic_ns = time.monotonic_ns  # bound once: token() is the hottest call in the SDK
 
 
 def _new_request_id() -> str:
@@ -115,11 +116,10 @@ class RequestTrace:
     # ---- hot path ---------------------------------------------------------
     def token(self, count: int = 1) -> None:
         """Records that `count` output tokens were produced now (an append)."""
-        now = time.monotonic_ns()
         if count == 1:
-            self._tokens.append(now)
+            self._tokens.append(_monotonic_ns())
         else:
-            self._tokens.extend([now] * count)
+            self._tokens.extend([_monotonic_ns()] * count)
 
     def start_phase(self, phase: str) -> None:
         """Marks the start of a phase (tokenize, queue, prefill, decode, detokenize)."""
