@@ -123,17 +123,18 @@ def poll_device_timings() -> int:
         return 0
 
 
-_owner_lookups: list[Callable[[], Any]] = []
+_owner_getters: list[Callable[[], Any]] = []
 
 
 def _find_tally() -> DeviceTally | None:
     """Gives the tally of the engine step, else the request, running in this context."""
-    if not _owner_lookups:  # bound on first use: those modules import this one
-        from tokentrace.instrumentation._request import current_request
-        from tokentrace.instrumentation._steps import current_step
+    if not _owner_getters:  # bound on first use: those modules import this one
+        from tokentrace.instrumentation._request import _current
+        from tokentrace.instrumentation._steps import _current_step
 
-        _owner_lookups.extend((current_step, current_request))
-    owner: Any = _owner_lookups[0]() or _owner_lookups[1]()
+        # the contextvars' own `get`: one C call each on the forward's hot path
+        _owner_getters.extend((_current_step.get, _current.get))
+    owner: Any = _owner_getters[0]() or _owner_getters[1]()
     if owner is None:
         return None
     tally = owner.tally
