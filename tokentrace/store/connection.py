@@ -12,6 +12,13 @@ from tokentrace.store.schema import migrate
 #: Environment variable naming the database file (DESIGN.md §6).
 DB_ENV = "TOKENTRACE_DB"
 DEFAULT_DB = "tokentrace.duckdb"
+#: Environment variable bounding DuckDB's memory in the writing process.
+MEMORY_LIMIT_ENV = "TOKENTRACE_DUCKDB_MEMORY_LIMIT"
+#: DuckDB's own default is 80 % of RAM, and its buffer pool keeps every block
+#: it wrote cached until that limit: a collector's RSS then grows with the
+#: amount of data stored, not with its buffer settings.  Inserts need little;
+#: bigger queries spill to `<db>.tmp` instead of growing the process.
+DEFAULT_MEMORY_LIMIT = "256MB"
 
 
 class StoreError(RuntimeError):
@@ -23,13 +30,19 @@ def resolve_db_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     return Path(explicit or os.environ.get(DB_ENV) or DEFAULT_DB)
 
 
-def open_db(path: str | os.PathLike[str] | None = None) -> duckdb.DuckDBPyConnection:
-    """Opens (creating and migrating) the database for writing."""
+def open_db(
+    path: str | os.PathLike[str] | None = None, *, memory_limit: str | None = None
+) -> duckdb.DuckDBPyConnection:
+    """Opens (creating and migrating) the database for writing.
+
+    `memory_limit` (DuckDB syntax: "256MB", "2GB") → $TOKENTRACE_DUCKDB_MEMORY_LIMIT
+    → `DEFAULT_MEMORY_LIMIT` bounds DuckDB's share of the process's memory."""
     db_path = resolve_db_path(path)
+    limit = memory_limit or os.environ.get(MEMORY_LIMIT_ENV) or DEFAULT_MEMORY_LIMIT
     try:
-        conn = duckdb.connect(str(db_path))
+        conn = duckdb.connect(str(db_path), config={"memory_limit": limit})
     except duckdb.Error as exc:
-        raise StoreError(f"cannot open {db_path}: {exc}") from exc
+        raise StoreError(f"cannot open {db_path} (memory_limit {limit!r}): {exc}") from exc
     migrate(conn)
     return conn
 
