@@ -6,7 +6,8 @@
    OpenTelemetry SDK's `span.add_event` and against creating + ending a span;
 2. one fully instrumented request (span, phases, tokenizer, 64 tokens, engine
    steps, forward timing, client span), end to end, with spans exported;
-3. a tiny torch decode loop's throughput instrumented vs not (goal >= 98 %).
+3. a tiny torch decode loop's throughput instrumented vs not (goal >= 98 %),
+   as ratios against the plain loop measured in the same run.
 
 Spans are exported by the real BatchSpanProcessor to an exporter that drops
 them, so the figures include span building and queueing, not the network.
@@ -150,30 +151,41 @@ class NoopLm(torch.nn.Module):
 def _cpu_run(
     model: torch.nn.Module, tok: object, batch: int, steps: int, instrumented: bool
 ) -> float:
-    """Gives tokens per CPU-second of one run (process CPU time: the SDK's threads count too)."""
+    """Gives tokens per CPU-second of one run (process CPU time: the SDK's threads count too).
+
+    An instrumented run ends with a forced flush inside its timed window, so it
+    pays for building and exporting its own engine-step batch and spans.  Left
+    to the background threads (every 1 s / 0.5 s), that work lands in whichever
+    run is active then, plain ones included, and the medians mostly skip it.
+    """
     if instrumented:
         tt.instrument_model(model)
     c0 = time.process_time_ns()
     n = decode_loop(model, tok, batch, steps, instrumented)
+    if instrumented:
+        tt.get_tracing().force_flush()
     c1 = time.process_time_ns()
     tt.uninstrument_model(model)
     return n / max(c1 - c0, 1) * 1e9
 
 
-def bench_decode(batch: int = 8, steps: int = 128, pairs: int = 31) -> dict[str, float]:
-    """Gives the decode loop's throughput instrumented vs plain, two ways.
+def bench_decode(batch: int = 8, steps: int = 128, pairs: int = 41) -> dict[str, float]:
+    """Gives the decode loop's throughput instrumented vs plain.
 
-    Direct: one model instance, plain and instrumented runs alternating in
-    pairs; the median of the paired ratios.  Isolated: the SDK's own cost per
-    step, measured with a no-op model (best of many runs, so noise only adds),
-    against the model's best plain step time.  CPU time, not wall time: on a
-    shared machine wall time mostly measures the neighbours.
+    One model instance, plain and instrumented runs alternating in pairs (the
+    order flips every pair).  Two estimates of instrumented / plain: the median
+    of the paired ratios, and best against best (CPU time on a shared machine:
+    neighbours only ever add, and every instrumented run pays its own export).
+    CPU time, not wall time: on a shared machine wall time mostly measures the
+    neighbours.  The no-op model figure is the SDK's cost per step with hot
+    caches: a lower bound, since after a real forward the SDK runs cache-cold.
     """
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = TinyLm().eval()
     tok = tt.wrap_tokenizer(type("Tok", (), {"encode": staticmethod(str.split)})())
-    _cpu_run(model, tok, batch, 16, False)  # warm-up
+    _cpu_run(model, tok, batch, 16, False)  # warm-up, both paths
+    _cpu_run(model, tok, batch, 16, True)
     ratios: list[float] = []
     plain: list[float] = []
     inst: list[float] = []
@@ -193,9 +205,12 @@ def bench_decode(batch: int = 8, steps: int = 128, pairs: int = 31) -> dict[str,
     step_us = batch / max(plain) * 1e6
     overhead_us = statistics.median(sdk_us)
     return {
+        "pairs": pairs,
         "plain": statistics.median(plain),
         "inst": statistics.median(inst),
         "ratio": statistics.median(ratios),
+        "best_ratio": max(inst) / max(plain),
+        "inst_step_us": batch / max(inst) * 1e6,
         "step_us": step_us,
         "overhead_us": overhead_us,
         "derived": step_us / (step_us + overhead_us),
@@ -261,17 +276,23 @@ def main() -> None:
             "tiny torch decode loop (batch 8, CPU, 1 torch thread, 8 requests x 128 steps per run; each step:"
         )
         print(
-            "  engine_step + 8 step.decode + instrumented forward + 8 req.token; CPU time of the whole process)"
+            "  engine_step + 8 step.decode + instrumented forward + 8 req.token; CPU time of the whole process,"
         )
+        print(
+            "  each instrumented run flushing and exporting its own steps and spans; ratios against"
+        )
+        print("  the plain loop measured in this run, runs interleaved)")
         print(
             f"  plain         {d['plain']:10.0f} tokens per CPU-s   (best step {d['step_us'] / 1000:.2f} ms)"
         )
-        print(f"  instrumented  {d['inst']:10.0f} tokens per CPU-s")
-        print(
-            f"  direct A/B: median of 31 paired ratios = {d['ratio'] * 100:.1f} %   (goal >= 98 %)"
-        )
-        print(f"  isolated SDK cost per step (no-op model): {d['overhead_us']:.1f} µs "
-              f"-> instrumented / plain = {d['derived'] * 100:.1f} %")  # fmt: skip
+        print(f"  instrumented  {d['inst']:10.0f} tokens per CPU-s   "
+              f"(best step {d['inst_step_us'] / 1000:.2f} ms)")  # fmt: skip
+        print(f"  instrumented / plain, median of {d['pairs']} paired ratios = "
+              f"{d['ratio'] * 100:.1f} %   (goal >= 98 %)")  # fmt: skip
+        print(f"  instrumented / plain, best run / best run   = {d['best_ratio'] * 100:.1f} %   "
+              f"(SDK {d['inst_step_us'] - d['step_us']:.1f} µs per step in situ)")  # fmt: skip
+        print(f"  hot-cache lower bound (no-op model): SDK {d['overhead_us']:.1f} µs per step "
+              f"-> {d['derived'] * 100:.1f} %")  # fmt: skip
     finally:
         tt.shutdown()
 
