@@ -37,7 +37,9 @@ DEVICE_WAIT_NS = 2_000_000_000
 #  request_ids, kv_usage, gpu_us, tally).  An `EngineStep` appends its raw
 # request-id list (batch_size 0, kv_usage possibly None): de-duplicating,
 # joining and converting are the flusher's work, not the scheduler's.
-_StepRecord = tuple[int, int, int, int, int, int, str | list[str], float | None, int, DeviceTally | None]
+_StepRecord = tuple[
+    int, int, int, int, int, int, str | list[str], float | None, int, DeviceTally | None
+]
 _time_ns = time.time_ns
 
 _current_step: contextvars.ContextVar[EngineStep | None] = contextvars.ContextVar(
@@ -132,7 +134,8 @@ class StepRecorder:
         kv_usage: list[float] = []
         for rec in batch:
             ids = rec[6]
-            if isinstance(ids, list):  # from EngineStep: a chunked prefill may list one request twice
+            # from EngineStep: a raw list, where a chunked prefill may name one request twice
+            if isinstance(ids, list):
                 unique = list(dict.fromkeys(ids))
                 batch_size.append(len(unique))
                 request_ids.append(",".join(unique))
