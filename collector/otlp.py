@@ -215,7 +215,8 @@ def spans_from_request(request: ExportTraceServiceRequest) -> tuple[list[Span], 
                 events = ps.events
                 links = ps.links
                 attributes = ps.attributes
-                status = ps.status
+                # an unset status is the common case: HasField skips building its wrapper
+                code, message = (ps.status.code, ps.status.message) if ps.HasField("status") else (0, "")
                 trace_hex = hexes.get(trace_id)
                 if trace_hex is None:
                     trace_hex = hexes[trace_id] = trace_id.hex()
@@ -238,8 +239,8 @@ def spans_from_request(request: ExportTraceServiceRequest) -> tuple[list[Span], 
                         ps.end_time_unix_nano,
                         _attrs_deferring(attributes, deferred) if attributes else {},
                         resource,
-                        status.code,
-                        status.message,
+                        code,
+                        message,
                         [SpanEvent(e.name, e.time_unix_nano, _attrs(e.attributes)) for e in events]
                         if events
                         else [],
