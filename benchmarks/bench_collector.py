@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -52,11 +53,53 @@ def parse_rate(payloads: list[bytes], spans: int) -> float:
     return best
 
 
-def peak_rss_mb(pid: int) -> float:
+def _status_mb(pid: int, field: str) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(field):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def peak_rss_mb(pid: int) -> float:
+    return _status_mb(pid, "VmHWM:")
+
+
+class RssWatch:
+    """Samples the collector's RSS and buffer occupancy while the load runs, so
+    the output shows whether memory levels off (bounded) or grows with the run."""
+
+    def __init__(self, pid: int, endpoint: str, every_s: float = 0.5) -> None:
+        self.samples: list[tuple[float, float, float]] = []  # (s since start, RSS MiB, buffered spans)
+        self._pid, self._endpoint, self._every = pid, endpoint, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._t0 = time.perf_counter()
+        self._thread.start()
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=5) as client:
+            while not self._stop.wait(self._every):
+                try:
+                    buffered = metric(client.get(f"{self._endpoint}/metrics").text, "tokentrace_buffer_spans")
+                except httpx.HTTPError:
+                    buffered = float("nan")
+                rss = _status_mb(self._pid, "VmRSS:")
+                self.samples.append((time.perf_counter() - self._t0, rss, buffered))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def at_fractions(self, fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)) -> list[tuple[float, float]]:
+        """Gives (seconds, highest RSS so far) at those fractions of the sampled time."""
+        out = []
+        for f in fractions:
+            upto = [rss for t, rss, _ in self.samples if t <= f * self.samples[-1][0]]
+            out.append((f * self.samples[-1][0], max(upto, default=float("nan"))))
+        return out
+
+    def max_buffered(self) -> float:
+        return max((b for _, _, b in self.samples), default=float("nan"))
 
 
 def start_serve(db: Path, port: int, extra: list[str]) -> subprocess.Popen[bytes]:
@@ -83,6 +126,7 @@ def run(seconds: float, traces_per_export: int, grace_s: float, extra: list[str]
         proc = start_serve(Path(tmp) / "bench.duckdb", port, ["--grace-s", str(grace_s), *extra])
         endpoint = f"http://127.0.0.1:{port}"
         try:
+            watch = RssWatch(proc.pid, endpoint)
             t0 = time.perf_counter()
             load = send(endpoint, payloads, spans_per_export, seconds=seconds, workers=2)
             sent_traces = load.spans_accepted // SPANS_PER_TRACE
@@ -95,6 +139,7 @@ def run(seconds: float, traces_per_export: int, grace_s: float, extra: list[str]
             elapsed = time.perf_counter() - t0
             text = httpx.get(f"{endpoint}/metrics").text
             rss = peak_rss_mb(proc.pid)
+            watch.stop()
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
@@ -109,6 +154,8 @@ def run(seconds: float, traces_per_export: int, grace_s: float, extra: list[str]
         "persisted_spans_per_s": written * SPANS_PER_TRACE / elapsed,
         "parse_ceiling_spans_per_s": ceiling,
         "peak_rss_mb": rss,
+        "rss_over_time": watch.at_fractions(),
+        "max_buffered_spans_seen": watch.max_buffered(),
     }
 
 
@@ -129,7 +176,11 @@ def main() -> None:
     print(f"persisted end-to-end:   {r['persisted_spans_per_s']:>10,.0f} spans/s  (lost: {lost:.0f})")
     print(f"raw protobuf parse:     {r['parse_ceiling_spans_per_s']:>10,.0f} spans/s  (ceiling)")
     print(f"ratio persisted/parse:  {r['persisted_spans_per_s'] / r['parse_ceiling_spans_per_s']:>10.3f}")
-    print(f"peak RSS of the collector: {r['peak_rss_mb']:.0f} MiB")
+    print(f"peak RSS of the collector: {r['peak_rss_mb']:.0f} MiB "
+          f"(DuckDB memory_limit {os.environ.get('TOKENTRACE_DUCKDB_MEMORY_LIMIT', 'default')}, "
+          f"most spans buffered {r['max_buffered_spans_seen']:.0f})")  # fmt: skip
+    growth = ", ".join(f"{t:.0f} s: {mb:.0f}" for t, mb in r["rss_over_time"])
+    print(f"peak RSS so far, MiB, by time into the run (flat = bounded): {growth}")
 
 
 if __name__ == "__main__":
