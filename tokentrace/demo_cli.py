@@ -9,14 +9,15 @@ the diagnosis of its service is printed; the explorer stays up until Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tokentrace.collector.service import CollectorServer
 
 EXAMPLES_ENV = "TOKENTRACE_EXAMPLES"
 DEFAULT_DEMO_DB = Path("tokentrace-demo.duckdb")
@@ -60,98 +61,12 @@ def _port(preferred: int, taken: set[int]) -> int:
     return _port(0, taken)
 
 
-class DemoCollector:
-    """`tokentrace serve`'s parts (collector, OTLP receivers, web UI) on a background thread."""
-
-    def __init__(self, settings: Any) -> None:
-        from tokentrace.collector.service import Collector
-
-        self.settings = settings
-        self.collector = Collector(settings)
-        self._loop = asyncio.new_event_loop()
-        self._servers: list[Any] = []
-        self._grpc: Any = None
-        self._thread = threading.Thread(
-            target=self._run, name="tokentrace-demo-collector", daemon=True
-        )
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-
-    @property
-    def otlp_http(self) -> str:
-        return f"http://{self.settings.host}:{self.settings.http_port}"
-
-    @property
-    def web_url(self) -> str:
-        return f"http://{self.settings.host}:{self.settings.web_port}"
-
-    def start(self) -> None:
-        self.collector.start()
-        self._thread.start()
-        if not self._ready.wait(60) or self._error is not None:
-            raise SystemExit(f"tokentrace demo: collector did not start: {self._error}")
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(self._serve())
-        except BaseException as exc:  # reported by start()
-            self._error = exc
-            self._ready.set()
-
-    async def _serve(self) -> None:
-        import uvicorn
-
-        from tokentrace.collector.grpc_receiver import start_grpc_server
-        from tokentrace.collector.http_receiver import create_http_app
-
-        s, c = self.settings, self.collector
-        self._grpc, _ = start_grpc_server(
-            c.pipeline, s.host, s.grpc_port, s.max_body_bytes, c.metrics
-        )
-        apps: list[tuple[Any, int]] = [
-            (create_http_app(c.pipeline, s.max_body_bytes, c.metrics), s.http_port)
-        ]
-        try:
-            from tokentrace.web.app import create_web_app
-        except ImportError:
-            create_web_app = None  # type: ignore[assignment]
-        if create_web_app is not None:
-            apps.append((create_web_app(s, c), s.web_port))
-        self._servers = [
-            uvicorn.Server(
-                uvicorn.Config(app, host=s.host, port=port, log_level="warning", lifespan="off")
-            )
-            for app, port in apps
-        ]
-        for server in self._servers:
-            server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-        tasks = [asyncio.create_task(server.serve()) for server in self._servers]
-        while not all(server.started for server in self._servers):
-            if any(t.done() for t in tasks):
-                raise RuntimeError("a server stopped during start-up (port in use?)")
-            await asyncio.sleep(0.02)
-        self._ready.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    def cursor(self) -> Any:
-        return self.collector.conn.cursor()
-
-    def stop(self) -> None:
-        if self._grpc is not None:
-            self._grpc.stop(grace=2).wait(5)
-        for server in self._servers:
-            server.should_exit = True
-        self._thread.join(15)
-        self.collector.close()
-
-
-def _wait_written(demo: DemoCollector, service: str, expected: int, timeout_s: float) -> int:
+def _wait_written(demo: CollectorServer, service: str, expected: int, timeout_s: float) -> int:
     """Waits until the collector has decided `expected` requests of `service`; gives how many it has."""
     deadline = time.monotonic() + timeout_s
     count = 0
     while time.monotonic() < deadline:
-        cur = demo.cursor()
+        cur = demo.collector.conn.cursor()
         try:
             count = int(
                 cur.execute(
@@ -167,11 +82,11 @@ def _wait_written(demo: DemoCollector, service: str, expected: int, timeout_s: f
     return count
 
 
-def _diagnose(demo: DemoCollector, service: str) -> dict[str, Any]:
+def _diagnose(demo: CollectorServer, service: str) -> dict[str, Any]:
     from tokentrace.analyzer.filters import Filters
     from tokentrace.analyzer.report import build_report
 
-    cur = demo.cursor()
+    cur = demo.collector.conn.cursor()
     try:
         return build_report(cur, Filters(service=service))
     finally:
@@ -228,6 +143,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from examples.load.generator import PromptBuilder
     from examples.scenarios import SCENARIOS, get_scenario, run_scenario
     from tokentrace import instrumentation as tt
+    from tokentrace.collector.service import start_servers
     from tokentrace.collector.settings import resolve
 
     wanted = getattr(args, "scenarios", None)
@@ -250,17 +166,19 @@ def run_demo(args: argparse.Namespace) -> int:
         }
     )
     out = sys.stdout
-    demo = DemoCollector(settings)
-    demo.start()
+    try:
+        demo = start_servers(settings)
+    except (OSError, RuntimeError) as exc:
+        raise SystemExit(f"tokentrace demo: the collector did not start: {exc}") from exc
     print(
-        f"tokentrace demo: collector on {demo.otlp_http}, explorer on {demo.web_url}, db {settings.db}",
+        f"tokentrace demo: collector on {demo.otlp_http_url}, explorer on {demo.web_url}, db {settings.db}",
         flush=True,
     )
     print(
         f"examples: {examples}  ({'quick' if args.quick else 'full'} run, {len(scenarios)} scenarios)\n",
         flush=True,
     )
-    tt.configure(endpoint=demo.otlp_http, service_name=CLIENT_SERVICE)
+    tt.configure(endpoint=demo.otlp_http_url, service_name=CLIENT_SERVICE)
     log_dir = (
         Path(os.environ.get("TOKENTRACE_DEMO_LOGS", ""))
         if os.environ.get("TOKENTRACE_DEMO_LOGS")
@@ -273,7 +191,7 @@ def run_demo(args: argparse.Namespace) -> int:
             print(f"▶ {scenario.name}: {scenario.story}", flush=True)
             run = run_scenario(
                 scenario,
-                demo.otlp_http,
+                demo.otlp_http_url,
                 quick=args.quick,
                 progress=_progress_printer(scenario.name, out),
                 prompts=prompts,
