@@ -97,9 +97,8 @@ def tiny_prompts_load(quick: bool) -> list[RequestSpec]:
 
 def long_wait_load(quick: bool) -> list[RequestSpec]:
     # Mooncake's long-context conversations (RAG-like): prompts of thousands of tokens.
-    rag = Scaling(prompt_scale=0.06, output_scale=0.05, min_prompt_tokens=700,
-                  max_prompt_tokens=900, min_output_tokens=8, max_output_tokens=16)  # fmt: skip
-    # about 1 req/s: a prompt's prefill takes ~0.4 s, so the wait stays prefill, not queue
+    rag = Scaling(prompt_scale=0.06, output_scale=0.05, min_prompt_tokens=800,
+                  max_prompt_tokens=950, min_output_tokens=8, max_output_tokens=16)  # fmt: skip
     n = _size(quick, 60)
     return _fit(with_poisson_arrivals(_rows(MOONCAKE_CONVERSATION, n, rag), 1.0), n / 1.0)
 
@@ -188,8 +187,9 @@ def production_load(quick: bool) -> list[RequestSpec]:
 
 
 def cold_start_load(quick: bool) -> list[RequestSpec]:
-    chat = Scaling(prompt_scale=0.01, output_scale=0.1, min_prompt_tokens=8,
-                   max_prompt_tokens=16, min_output_tokens=4, max_output_tokens=6)  # fmt: skip
+    # tiny prompts: a warm request's TTFT is little compute, the cold one's is the load
+    chat = Scaling(prompt_scale=0.01, output_scale=0.1, min_prompt_tokens=4,
+                   max_prompt_tokens=8, min_output_tokens=4, max_output_tokens=6)  # fmt: skip
     n = _size(quick, 72)
     return _fit(_rows(AZURE_CONV, n, chat, skip=400), n / 2.5)
 
@@ -212,7 +212,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "long_wait_then_fast",
         "long_wait_then_fast",
-        "RAG prompts of 700-900 tokens on a mid-size model, prefilled together, unchunked, short answers: TTFT is the prefill.",
+        "RAG prompts of 800-950 tokens, one at a time, on a mid-size model, unchunked, short answers: TTFT is the prefill.",
         (
             Deployment(
                 long_wait_load,
@@ -229,6 +229,9 @@ SCENARIOS: tuple[Scenario, ...] = (
                     # elsewhere wait on each other and slow every decode step ~5x
                     "threads": 1,
                 },
+                # one request at a time (closed loop): however slow the CPU, nothing
+                # queues, so the wait before the first token is the prefill itself
+                concurrency=1,
             ),
         ),
     ),
@@ -272,7 +275,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "batch_mode_breaks_live",
         "batch_mode_breaks_live",
-        "A batch job shares the server with live chat under aggressive batching (batch 16, 150 ms batch delay).",
+        "A batch job shares the server with live chat under aggressive batching (batch 16, 150 ms batch delay, a running batch finishes before new requests join).",
         (
             Deployment(
                 batch_mode_load,
@@ -311,7 +314,7 @@ SCENARIOS: tuple[Scenario, ...] = (
                     "n_heads": 12,
                     "n_layers": 12,
                     "d_ff": 3072,
-                    "threads": 2,
+                    "threads": 1,  # warm requests stay fast when the other core is busy
                     "max_batch_size": 8,
                     "warmup": False,
                     "lazy_load": True,

@@ -40,7 +40,8 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         timeout=600,
     )
     output = proc.stdout + proc.stderr
-    print(output)  # shown with the test's report: every scenario's evidence, not only the failing one
+    # shown with the test's report: every scenario's evidence, not only the failing one
+    print(output)
     assert proc.returncode == 0, output
     return db, output
 

@@ -41,3 +41,25 @@ def test_loads_are_big_enough_to_diagnose_and_fit_the_model(scenario) -> None:  
 def test_unknown_scenario_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown scenario"):
         get_scenario("nope")
+
+
+def test_every_tenant_of_big_tenants_has_enough_requests_to_be_compared() -> None:
+    from collections import Counter
+
+    load = get_scenario("big_tenants_slower").deployments[0].load
+    for quick in (True, False):
+        specs = load(quick)
+        counts = Counter(s.tenant for s in specs)
+        # the detector compares tenants with at least 10 requests each
+        assert len(counts) == 3 and min(counts.values()) >= 10, counts
+        # a server's very first request must not be a burst of long jobs (a cold start)
+        first = min(specs, key=lambda s: s.arrival_s)
+        assert first.tenant != "bigcorp"
+
+
+def test_peak_hours_peak_is_short_and_sharp() -> None:
+    specs = get_scenario("peak_hours").deployments[0].load(True)
+    arrivals = sorted(s.arrival_s for s in specs)
+    per_second = [sum(1 for a in arrivals if t <= a < t + 1) for t in range(int(arrivals[-1]) + 1)]
+    # one busy second holds several times a calm second's arrivals
+    assert max(per_second) >= 8 * sorted(per_second)[len(per_second) // 2]
