@@ -116,17 +116,23 @@ def stutter_load(quick: bool) -> list[RequestSpec]:
 
 
 def peak_load(quick: bool) -> list[RequestSpec]:
-    # Calm traffic uses a fifth of one sequence's capacity even on a busy CPU, so the
-    # peak's backlog (about 2x capacity at 30 req/s, 4x when the CPU is loaded) clears
-    # within a few seconds and the calm slices stay queue-free.
+    # A flash crowd: arrivals jump from 1.5 to 30 req/s for about a second (3x what one
+    # sequence at a time serves on a quiet CPU, 6x on a busy one), then nobody comes for
+    # a few seconds while the backlog drains, then the calm traffic returns.  Calm
+    # traffic uses a fifth of the capacity, so outside the crowd nothing queues.
     n = _size(quick, 112)
     chat = Scaling(prompt_scale=0.05, output_scale=0.3, min_prompt_tokens=16,
                    max_prompt_tokens=96, min_output_tokens=24, max_output_tokens=48)  # fmt: skip
-    base, peak = 1.5, 30.0
+    base, peak, lull_s = 1.5, 30.0, 4.0
     calm = n * 0.2 / base  # a fifth of the requests before the peak
-    return with_peak_window(
-        _rows(AZURE_CONV, n, chat), base, peak, peak_start_s=calm, peak_duration_s=n * 0.6 / peak
+    peak_end = calm + n * 0.5 / peak
+    specs = with_peak_window(
+        _rows(AZURE_CONV, n, chat), base, peak, peak_start_s=calm, peak_duration_s=peak_end - calm
     )
+    return [
+        dataclasses.replace(s, arrival_s=s.arrival_s + lull_s) if s.arrival_s >= peak_end else s
+        for s in specs
+    ]
 
 
 def tenants_load(quick: bool) -> list[RequestSpec]:
