@@ -167,8 +167,9 @@ def batch_mode_load(quick: bool) -> list[RequestSpec]:
     live_n = n * 3 // 5
     duration = live_n / 3.0
     live = _fit(_rows(AZURE_CONV, live_n, SHORT_CHAT), duration)
+    # long generations: a live chat that arrives behind a running batch waits for them
     gen = Scaling(prompt_scale=0.05, output_scale=1.0, min_prompt_tokens=32,
-                  max_prompt_tokens=128, min_output_tokens=96, max_output_tokens=160)  # fmt: skip
+                  max_prompt_tokens=128, min_output_tokens=160, max_output_tokens=224)  # fmt: skip
     batch_rows = _rows(AZURE_CODE, n - live_n, gen, skip=100)
     start, window = duration * 0.3, duration * 0.4
     batch = [
