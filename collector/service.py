@@ -32,7 +32,7 @@ class Collector:
     def __init__(self, settings: CollectorSettings) -> None:
         self.settings = settings
         self.metrics = CollectorMetrics()
-        self.conn = open_db(settings.db)
+        self.conn = open_db(settings.db, memory_limit=settings.duckdb_memory_limit)
         self.writer = Writer(
             self.conn,
             max_pending=settings.max_pending_writes,
@@ -280,7 +280,7 @@ def start_servers(settings: CollectorSettings) -> CollectorServer:
 def serve(settings: CollectorSettings, ready: Any = None) -> None:
     """Runs the collector until SIGTERM/SIGINT, then decides and flushes everything."""
     stop = threading.Event()
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
             previous[sig] = signal.signal(sig, lambda *_: stop.set())

@@ -68,11 +68,8 @@ def _wait_written(demo: CollectorServer, service: str, expected: int, timeout_s:
     while time.monotonic() < deadline:
         cur = demo.collector.conn.cursor()
         try:
-            count = int(
-                cur.execute(
-                    "SELECT count(*) FROM requests WHERE service = ?", [service]
-                ).fetchone()[0]
-            )
+            row = cur.execute("SELECT count(*) FROM requests WHERE service = ?", [service]).fetchone()
+            count = int(row[0]) if row else 0
         finally:
             cur.close()
         if count >= expected:
