@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms, pct
 from tokentrace.analyzer.itl import STALL_FACTOR, STALL_MIN_MS
 
@@ -10,6 +12,20 @@ MIN_STREAMS = 20
 MIN_STALLED_FRACTION = 0.08
 #: a prefill step is "large" at the window's p90 of prefill sizes, and never below this
 MIN_LARGE_PREFILL_TOKENS = 256
+#: stalled streams must overlap large prefills this much more often than smooth ones to count as linked
+MIN_PREFILL_LINK = 0.15
+#: Engine steps seen but no prefill link: gaps a few times the typical one are what CPU
+#: contention, GC or a noisy neighbour give a healthy server, so only a freeze a user
+#: cannot miss (longest gap this many times the typical gap, and this long) is stutter.
+UNLINKED_MIN_GAP_FACTOR = 10.0
+UNLINKED_MIN_GAP_MS = 200.0
+
+
+def _severe(r: dict[str, Any]) -> bool:
+    """Says whether stalled streams froze long enough to be stutter without a known cause."""
+    longest = float(r.get("stalled_max_p50") or 0.0)
+    typical = float(r.get("itl_p50") or 0.0)
+    return longest >= UNLINKED_MIN_GAP_MS and longest >= UNLINKED_MIN_GAP_FACTOR * typical
 
 
 def detect(ctx: Context) -> Finding | None:
@@ -33,6 +49,7 @@ def detect(ctx: Context) -> Finding | None:
     strength = (frac - MIN_STALLED_FRACTION) / 0.1
     lo, hi = ctx.time_bounds
     steps = ctx.one("diag_step_prefill", [lo, hi])
+    linked = False
     if steps.get("steps"):
         large = max(MIN_LARGE_PREFILL_TOKENS, int(steps["p90"] or 0))
         rows = {x["stalled"]: x for x in ctx.query("diag_stutter_steps", [large, lo, hi])}
@@ -48,6 +65,10 @@ def detect(ctx: Context) -> Finding | None:
                 )
             )
             strength += max(0.0, (fs - fm) / 0.3)
+            linked = fs - fm >= MIN_PREFILL_LINK
+        if not linked and not _severe(r):
+            # the engine shows no large prefill behind the stalls: mild gaps are load, not stutter
+            return None
     affected, examples = ctx.traces(ctx.query("affected_stutter"))
     return Finding(
         COMPLAINT,
