@@ -10,12 +10,18 @@ MIN_RATIO = 3.0
 MIN_GAIN_MS = 200.0
 #: first-request-of-an-instance counts as a cold start only with this many instances in view
 MIN_INSTANCES = 2
+#: One slow first request on one instance is an anecdote (the SDK marks every process's
+#: first request): a finding needs cold requests on MIN_INSTANCES instances, or this many
+#: on fewer (one instance going cold again after each idle gap).
+MIN_COLD_REQUESTS = 3
 
 
 def detect(ctx: Context) -> Finding | None:
     rows = {r["cold"]: r for r in ctx.query("diag_cold_start", [MIN_INSTANCES])}
     cold, warm = rows.get(True), rows.get(False)
     if not cold or not warm or warm["n"] < MIN_WARM:
+        return None
+    if cold["instances"] < MIN_INSTANCES and cold["n"] < MIN_COLD_REQUESTS:
         return None
     ratio = (cold["wait_p50"] or 0.0) / max(warm["wait_p50"] or 0.0, 1e-9)
     gain = (cold["wait_p50"] or 0.0) - (warm["wait_p50"] or 0.0)

@@ -1,6 +1,7 @@
 -- Cold requests against warm ones.  Cold: the SDK's mark, or the first request seen from an
 -- instance, the latter only where the window shows at least ? instances (with one instance
--- its first request in the window is just the window's edge, not a start).
+-- its first request in the window is just the window's edge, not a start).  Everything
+-- reads `req` only, so filters (service, window) bound the instance count too.
 WITH firsts AS (
     SELECT *, instance <> '' AND row_number() OVER (PARTITION BY service, instance ORDER BY start_ns) = 1 AS first_seen
     FROM req
@@ -10,6 +11,6 @@ r AS (
            cold_start OR (first_seen AND (SELECT count(*) FROM firsts WHERE first_seen) >= ?) AS cold
     FROM firsts
 )
-SELECT cold, count(*) AS n, median(wait) AS wait_p50, count(DISTINCT instance) AS instances,
+SELECT cold, count(*) AS n, median(wait) AS wait_p50, count(DISTINCT (service, instance)) AS instances,
        count(*) FILTER (WHERE cold_start) AS marked, sum(e2e_ms) AS e2e_total
 FROM r GROUP BY cold

@@ -333,3 +333,23 @@ def cpu_contention(seed: int = 12) -> Workload:
         for t in range(1200)
     ]
     return Workload(summarize(rng, reqs), engine_steps=steps, raw=reqs)
+
+
+def two_services(seed: int = 13) -> Workload:
+    """Two services in one database: `solo`, one healthy instance whose first request (marked
+    cold by the SDK, as every process's first is) took a few hundred ms; `fleet`, three pods
+    that each loaded weights on their first request."""
+    rng = random.Random(seed)
+    solo = _base(rng, 600, lambda t: 2.0, output=40)
+    for r in solo:
+        r.instance = "solo-0"
+    first = min(solo, key=lambda r: r.arrival_ns)
+    first.cold, first.queue_ms = True, 260.0  # a first forward pass: about 5x a warm TTFT
+    serve(rng, solo, Server(slots=16))
+    summaries = summarize(rng, solo)
+    for s in summaries:
+        s.service = "solo"
+    fleet = cold_start(seed)
+    for s in fleet.requests:
+        s.service = "fleet"
+    return Workload(summaries + fleet.requests, raw=solo + fleet.raw)
