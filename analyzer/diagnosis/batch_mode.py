@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms
 
 COMPLAINT = "batch_mode_breaks_live"
@@ -16,6 +18,35 @@ def _ratio(a: float | None, b: float | None) -> float:
     if a is None or b is None or b <= 0:
         return 0.0
     return a / b
+
+
+def _comparisons(under: dict[str, Any], alone: dict[str, Any], ttft_decides: bool) -> list[dict[str, Any]]:
+    """Gives the evidence lines: the measure that decided the finding first, then the others
+    that point the same way, and last those that do not (they are facts, not the case)."""
+    measures = [
+        ("TTFT p50", "ttft_p50", "ttft_p50_ms"),
+        ("TPOT p50", "tpot_p50", "tpot_p50_ms"),
+        ("queue wait p50", "queue_wait_p50", "queue_wait_p50_ms"),
+    ]
+    decider = "ttft_p50" if ttft_decides else "tpot_p50"
+    # decider first; then by how much worse live requests fare beside batch jobs
+    # (equal or unmeasured counts as 1×: neither worse nor better, so before the better ones)
+    measures.sort(key=lambda m: (m[1] != decider, -(_ratio(under[m[1]], alone[m[1]]) or 1.0)))
+    lines = []
+    for i, (label, col, key) in enumerate(measures):
+        r = _ratio(under[col], alone[col])
+        text = f"{label} {ms(under[col])} vs {ms(alone[col])} without them"
+        text += f" ({r:.1f}×)" if r else ""
+        if i == 0:
+            text = f"live requests while batch jobs run: {text}"
+        numbers: dict[str, Any] = {key: under[col], f"baseline_{key}": alone[col]}
+        if i == 0:
+            numbers |= {"requests": under["n"], "baseline_requests": alone["n"]}
+        lines.append(ev(text, **numbers))
+    # one line for the case, one for the other measures, so the report stays short
+    rest = lines[1:]
+    merged = ev("; ".join(x["text"] for x in rest), **{k: v for x in rest for k, v in x.items() if k != "text"})
+    return [lines[0], merged]
 
 
 def detect(ctx: Context) -> Finding | None:
@@ -35,22 +66,7 @@ def detect(ctx: Context) -> Finding | None:
         gain = (under["ttft_p50"] or 0.0) - (alone["ttft_p50"] or 0.0)
         if max(tr, pr) < MIN_RATIO or (tr >= pr and gain < MIN_TTFT_GAIN_MS):
             return None
-        evidence.append(
-            ev(
-                f"live requests while batch jobs run: TTFT p50 {ms(under['ttft_p50'])} vs "
-                f"{ms(alone['ttft_p50'])} without them; TPOT p50 {ms(under['tpot_p50'])} vs {ms(alone['tpot_p50'])}",
-                ttft_p50_ms=under["ttft_p50"], baseline_ttft_p50_ms=alone["ttft_p50"],
-                tpot_p50_ms=under["tpot_p50"], baseline_tpot_p50_ms=alone["tpot_p50"],
-                requests=under["n"], baseline_requests=alone["n"],
-            )
-        )
-        evidence.append(
-            ev(
-                f"their queue wait p50 {ms(under['queue_wait_p50'])} vs {ms(alone['queue_wait_p50'])}",
-                queue_wait_p50_ms=under["queue_wait_p50"],
-                baseline_queue_wait_p50_ms=alone["queue_wait_p50"],
-            )
-        )
+        evidence.extend(_comparisons(under, alone, ttft_decides=tr >= pr))
         strength = (max(tr, pr) - MIN_RATIO) / 1.5
     elif steps.get("steps") and (steps["batch_p50"] or 0) >= LARGE_BATCH:
         evidence.append(

@@ -29,3 +29,16 @@ def test_one_cold_request_on_one_instance_is_no_cold_start(write_workload) -> No
     assert fleet and fleet[0]["complaint"] == "cold_start"
     assert fleet[0]["evidence"][0]["instances"] == 3
     assert "cold_start" in _complaints(conn)
+
+
+def test_batch_mode_evidence_leads_with_the_deciding_measure(write_workload) -> None:  # type: ignore[no-untyped-def]
+    findings = build_report(write_workload(workloads.batch_slows_decode()))["findings"]
+    assert findings and findings[0]["complaint"] == "batch_mode_breaks_live", findings
+    first, *rest = findings[0]["evidence"]
+    # TPOT decided it: it leads, and the TTFT comparison (better beside batch jobs) is not first
+    assert first["text"].startswith("live requests while batch jobs run: TPOT"), first["text"]
+    assert "TTFT" not in first["text"]
+    assert first["tpot_p50_ms"] > 1.5 * first["baseline_tpot_p50_ms"]
+    ttft = next(e for e in rest if "ttft_p50_ms" in e)
+    assert ttft["ttft_p50_ms"] < ttft["baseline_ttft_p50_ms"]
+    assert ttft["text"].index("TTFT") > ttft["text"].index("queue wait")

@@ -353,3 +353,22 @@ def two_services(seed: int = 13) -> Workload:
     for s in fleet.requests:
         s.service = "fleet"
     return Workload(summaries + fleet.requests, raw=solo + fleet.raw)
+
+
+def batch_slows_decode(seed: int = 14) -> Workload:
+    """Batch jobs share the decode batches of live chats: live TPOT triples while they run, and
+    live TTFT is, if anything, a little lower (the live chats then have shorter prompts)."""
+    rng = random.Random(seed)
+    live = _base(rng, 1200, lambda t: 1.5)
+    batch_on = lambda t: (t // 120) % 2 == 1  # noqa: E731
+    batch = _base(rng, 1200, lambda t: 6.0 if batch_on(t) else 0.0, prompt=800, output=300)
+    for r in batch:
+        r.traffic_class, r.tenant = "batch", "nightly-eval"
+    for r in live:
+        r.tenant = rng.choice(["acme", "globex"])
+        if batch_on((r.arrival_ns - T0_NS) / S):
+            r.prompt = max(1, r.prompt // 3)
+            r.gaps_ms = [rng.uniform(50, 70) for _ in range(r.output - 1)]
+    serve(rng, live, Server(slots=16))
+    serve(rng, batch, Server(slots=64))
+    return Workload(summarize(rng, live + batch), raw=live + batch)
