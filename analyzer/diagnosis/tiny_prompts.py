@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms, pct
 
 COMPLAINT = "tiny_prompts_slow"
@@ -11,6 +13,19 @@ MIN_TINY = 20
 #: network + queue must be the larger part of a tiny request, and noticeable in absolute terms
 MIN_OVERHEAD_SHARE = 0.5
 MIN_OVERHEAD_MS = 50.0
+#: Queue-bound tiny prompts whose larger siblings queue at least this share as long: the
+#: queue is load (peak_hours, bad_in_production, gpu_saturation tell which), not a
+#: tiny-prompt problem; "slow even for tiny prompts" is about the wire and the gateway.
+LOAD_QUEUE_RATIO = 0.5
+
+
+def _load_driven(tiny: dict[str, Any], rest: dict[str, Any]) -> bool:
+    """Says whether tiny prompts' queue is the scheduler's line that every prompt size stands in."""
+    if (tiny["queue_split_total"] or 0.0) + (rest["queue_split_total"] or 0.0) > 0:
+        # the queue is split into scheduler wait and the rest: a slow gateway is not load
+        wait = tiny["queue_wait_p50"] or 0.0
+        return wait >= 0.5 * (tiny["queue_p50"] or 0.0) and (rest["queue_wait_p50"] or 0.0) >= LOAD_QUEUE_RATIO * wait
+    return (rest["queue_p50"] or 0.0) >= LOAD_QUEUE_RATIO * (tiny["queue_p50"] or 0.0)
 
 
 def detect(ctx: Context) -> Finding | None:
@@ -25,6 +40,9 @@ def detect(ctx: Context) -> Finding | None:
     cut = int(tiny["cut_tokens"])
     network, queue = tiny["network_p50"] or 0.0, tiny["queue_p50"] or 0.0
     where = "network" if network > queue else "queue"
+    rest = rows.get(False)
+    if where == "queue" and rest and rest["n"] >= MIN_TINY and _load_driven(tiny, rest):
+        return None
     evidence = [
         ev(
             f"for prompts of ≤ {cut} tokens, network + queue is {pct(share)} of E2E "
@@ -37,12 +55,13 @@ def detect(ctx: Context) -> Finding | None:
             network_p50_ms=network, queue_p50_ms=queue,
         ),
     ]
-    rest = rows.get(False)
     if rest and rest["n"]:
         evidence.append(
             ev(
-                f"larger prompts: network + queue {pct(rest['overhead_share'])} of E2E",
+                f"larger prompts: network + queue {pct(rest['overhead_share'])} of E2E, "
+                f"median queue {ms(rest['queue_p50'])}",
                 baseline_overhead_share=rest["overhead_share"], baseline_requests=rest["n"],
+                baseline_queue_p50_ms=rest["queue_p50"],
             )
         )
     affected, examples = ctx.traces(ctx.query("affected_tiny_prompts_slow", [cut]))

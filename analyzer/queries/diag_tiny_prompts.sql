@@ -18,6 +18,9 @@ SELECT
     median(coalesce(network_ms, 0) + queue_ms)                  AS overhead_p50,
     median(coalesce(network_ms, 0))                             AS network_p50,
     median(queue_ms)                                            AS queue_p50,
+    median(coalesce(queue_wait_ms, 0))                          AS queue_wait_p50,
+    -- zero when the convention does not split the queue (then it is all `other`)
+    sum(coalesce(queue_wait_ms, 0) + coalesce(tokenize_ms, 0))  AS queue_split_total,
     median(prefill_ms + decode_ms)                              AS compute_p50,
     median(e2e_ms)                                              AS e2e_p50,
     sum(e2e_ms)                                                 AS e2e_total

@@ -42,3 +42,17 @@ def test_batch_mode_evidence_leads_with_the_deciding_measure(write_workload) -> 
     ttft = next(e for e in rest if "ttft_p50_ms" in e)
     assert ttft["ttft_p50_ms"] < ttft["baseline_ttft_p50_ms"]
     assert ttft["text"].index("TTFT") > ttft["text"].index("queue wait")
+
+
+def test_queue_for_every_prompt_size_is_not_tiny_prompts_slow(write_workload) -> None:  # type: ignore[no-untyped-def]
+    w = workloads.steady_overload()
+    tiny = sorted(w.requests, key=lambda s: s.prompt_tokens or 0)[: len(w.requests) // 4]
+    # the shape that fooled the detector: queue is most of a tiny prompt's time
+    assert sorted(s.queue_ms / s.e2e_ms for s in tiny)[len(tiny) // 2] > 0.5
+    findings = build_report(write_workload(w))["findings"]
+    assert "tiny_prompts_slow" not in [f["complaint"] for f in findings], findings
+
+
+def test_slow_gateway_for_every_prompt_size_is_still_tiny_prompts_slow(write_workload) -> None:  # type: ignore[no-untyped-def]
+    findings = build_report(write_workload(workloads.slow_gateway()))["findings"]
+    assert findings and findings[0]["complaint"] == "tiny_prompts_slow", findings

@@ -372,3 +372,23 @@ def batch_slows_decode(seed: int = 14) -> Workload:
     serve(rng, live, Server(slots=16))
     serve(rng, batch, Server(slots=64))
     return Workload(summarize(rng, live + batch), raw=live + batch)
+
+
+def steady_overload(seed: int = 15) -> Workload:
+    """One sequence at a time near its capacity, users nearby: every prompt size waits seconds
+    in the same queue.  Tiny prompts are slow, but because of the load, not their size."""
+    rng = random.Random(seed)
+    reqs = _base(rng, 600, lambda t: 3.0, output=12)
+    serve(rng, reqs, Server(slots=1))
+    return Workload(summarize(rng, reqs), raw=reqs)
+
+
+def slow_gateway(seed: int = 16) -> Workload:
+    """Users nearby, no scheduler wait, but a gateway that spends 250-400 ms on every request
+    (auth, moderation, a hop to another region): tiny prompts are slow for a reason worth fixing."""
+    rng = random.Random(seed)
+    reqs = _base(rng, 600, lambda t: 1.5, prompt=60, output=12)
+    for r in reqs:
+        r.tokenize_ms = rng.uniform(250, 400)
+    serve(rng, reqs, Server(slots=16, tpot_ms=8.0))
+    return Workload(summarize(rng, reqs), raw=reqs)
