@@ -11,6 +11,11 @@ MIN_ARRIVAL_RATIO = 1.3
 MIN_BUSY_QUEUE_SHARE = 0.3
 MIN_QUEUE_SHARE_GAIN = 0.2
 MIN_E2E_RATIO = 1.5
+#: a "peak" whose extra arrivals are one tenant's burst (at least this share of the
+#: busy slices, and at least BURST_SHARE_RATIO times its share elsewhere) is
+#: tenant interference: big_tenants_slower explains it, not the time of day
+BURST_TENANT_SHARE = 0.4
+BURST_SHARE_RATIO = 3.0
 
 
 def busiest_slices(ctx: Context) -> tuple[dict[bool, dict], str | None]:
@@ -37,6 +42,8 @@ def detect(ctx: Context) -> Finding | None:
     qb, qr = busy["queue_share"] or 0.0, rest["queue_share"] or 0.0
     e2e_ratio = (busy["e2e_p50"] or 0.0) / max(rest["e2e_p50"] or 0.0, 1e-9)
     if qb < MIN_BUSY_QUEUE_SHARE or qb - qr < MIN_QUEUE_SHARE_GAIN or e2e_ratio < MIN_E2E_RATIO:
+        return None
+    if _one_tenants_burst(ctx, busy_ids):
         return None
     label = ctx.slice_label()
     evidence = [
@@ -65,3 +72,15 @@ def detect(ctx: Context) -> Finding | None:
         affected_trace_ids=affected,
         example_traces=examples,
     )
+
+
+def _one_tenants_burst(ctx: Context, busy_ids: list[int]) -> bool:
+    """True when the busy slices' extra arrivals are one tenant's burst on a shared server."""
+    shares: dict[bool, dict[str, float]] = {True: {}, False: {}}
+    for r in ctx.query("diag_peak_tenants", [busy_ids, ctx.slice_ns]):
+        shares[bool(r["busy"])][r["tenant"]] = r["share"] or 0.0
+    busy, rest = shares[True], shares[False]
+    if len(set(busy) | set(rest)) < 2 or not busy:
+        return False
+    tenant, share = max(busy.items(), key=lambda kv: kv[1])
+    return bool(tenant) and share >= BURST_TENANT_SHARE and share >= BURST_SHARE_RATIO * rest.get(tenant, 0.0)

@@ -56,3 +56,10 @@ def test_queue_for_every_prompt_size_is_not_tiny_prompts_slow(write_workload) ->
 def test_slow_gateway_for_every_prompt_size_is_still_tiny_prompts_slow(write_workload) -> None:  # type: ignore[no-untyped-def]
     findings = build_report(write_workload(workloads.slow_gateway()))["findings"]
     assert findings and findings[0]["complaint"] == "tiny_prompts_slow", findings
+
+
+def test_one_tenants_bursts_are_not_peak_hours(write_workload) -> None:  # type: ignore[no-untyped-def]
+    found = _complaints(write_workload(workloads.tenant_bursts()))
+    # the busiest slices are megacorp's bursts, not everyone's busy hour
+    assert "peak_hours" not in found, found
+    assert found and found[0] == "big_tenants_slower", found

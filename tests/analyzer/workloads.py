@@ -392,3 +392,29 @@ def slow_gateway(seed: int = 16) -> Workload:
         r.tokenize_ms = rng.uniform(250, 400)
     serve(rng, reqs, Server(slots=16, tpot_ms=8.0))
     return Workload(summarize(rng, reqs), raw=reqs)
+
+
+def tenant_bursts(seed: int = 17) -> Workload:
+    """One tenant sends bursts of long jobs into a shared server; the others are steady.
+
+    The bursts are also the busiest time slices, so a peak detector that ignores
+    who arrives blames the time of day (seen in the demo's big_tenants_slower
+    scenario in full mode).
+    """
+    rng = random.Random(seed)
+    light = _base(rng, 600, lambda t: 1.5, prompt=200, output=40)
+    for r in light:
+        r.tenant = rng.choice(["smallco", "tinyinc", "solo"])
+    heavy = []
+    for start in range(20, 600, 60):  # a burst of 16 every minute
+        for _ in range(16):
+            r = Req(T0_NS + int((start + rng.uniform(0, 0.8)) * S), lognormal(rng, 2500, 0.3),
+                    lognormal(rng, 300, 0.3, lo=4, hi=2000), network_ms=rng.uniform(8, 30))
+            r.tenant = "megacorp"
+            heavy.append(r)
+    # like the demo's shortest-prompt-first admission: the bursts queue behind
+    # themselves while the small tenants' short prompts keep getting served
+    serve(rng, light + heavy, Server(slots=3, prefill_ms_per_token=0.05, tpot_ms=8.0),
+          slots_of=lambda r: "heavy" if r.tenant == "megacorp" else "light")
+    reqs = light + heavy
+    return Workload(summarize(rng, reqs), raw=reqs)
