@@ -120,6 +120,10 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
             request, "error.html", {"status": status, "message": message, "page": ""}, status_code=status
         )
 
+    # one place maps the web's errors to responses: handlers just raise
+    for error_type in (ParamError, TraceNotFound, StoreError, QueryTimeout, duckdb.Error):
+        app.add_exception_handler(error_type, fail)  # type: ignore[arg-type]
+
     def page(request: Request, name: str, data: dict[str, Any], **extra: Any) -> Response:
         return templates.TemplateResponse(request, name, {"data": data, **extra})
 
@@ -137,114 +141,81 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
 
     @app.get("/", response_class=HTMLResponse)
     def overview_page(request: Request) -> Response:
-        try:
-            view = parse_view_filters(request.query_params)
-            with db.cursor() as cur:
-                data = overview_data(cur, view, reports)
-            return page(request, "overview.html", data, page_name="overview", choices=choices(), view=view)
-        except (ParamError, StoreError, QueryTimeout, duckdb.Error) as exc:
-            return fail(request, exc)
+        view = parse_view_filters(request.query_params)
+        with db.cursor() as cur:
+            data = overview_data(cur, view, reports)
+        return page(request, "overview.html", data, page_name="overview", choices=choices(), view=view)
 
     @app.get("/api/overview")
     def overview_api(request: Request) -> Response:
-        try:
-            view = parse_view_filters(request.query_params)
-            with db.cursor() as cur:
-                return JSONResponse(overview_data(cur, view, reports))
-        except (ParamError, StoreError, QueryTimeout, duckdb.Error) as exc:
-            return fail(request, exc)
+        view = parse_view_filters(request.query_params)
+        with db.cursor() as cur:
+            return JSONResponse(overview_data(cur, view, reports))
 
     @app.get("/search", response_class=HTMLResponse)
     def search_page(request: Request) -> Response:
-        try:
-            params = parse_search(request.query_params)
-            with db.cursor() as cur:
-                data = search_data(cur, params, reports)
-            return page(request, "search.html", data, page_name="search", choices=choices(), params=params)
-        except (ParamError, StoreError, QueryTimeout, duckdb.Error) as exc:
-            return fail(request, exc)
+        params = parse_search(request.query_params)
+        with db.cursor() as cur:
+            data = search_data(cur, params, reports)
+        return page(request, "search.html", data, page_name="search", choices=choices(), params=params)
 
     @app.get("/api/search")
     def search_api(request: Request) -> Response:
-        try:
-            params = parse_search(request.query_params)
-            with db.cursor() as cur:
-                return JSONResponse(search_data(cur, params, reports))
-        except (ParamError, StoreError, QueryTimeout, duckdb.Error) as exc:
-            return fail(request, exc)
+        params = parse_search(request.query_params)
+        with db.cursor() as cur:
+            return JSONResponse(search_data(cur, params, reports))
 
     @app.get("/trace")
     def trace_jump(request: Request, id: str = "") -> Response:
-        try:
-            return RedirectResponse(f"/trace/{parse_trace_id(id.strip())}", status_code=303)
-        except ParamError as exc:
-            return fail(request, exc)
+        return RedirectResponse(f"/trace/{parse_trace_id(id.strip())}", status_code=303)
 
     @app.get("/trace/{trace_id}", response_class=HTMLResponse)
     def trace_page(request: Request, trace_id: str) -> Response:
-        try:
-            tid = parse_trace_id(trace_id)
-            with db.cursor() as cur:
-                data = trace_data(cur, tid)
-            return page(request, "trace.html", data, page_name="trace")
-        except (ParamError, TraceNotFound, StoreError, QueryTimeout, duckdb.Error) as exc:
-            return fail(request, exc)
+        tid = parse_trace_id(trace_id)
+        with db.cursor() as cur:
+            data = trace_data(cur, tid)
+        return page(request, "trace.html", data, page_name="trace")
 
     @app.get("/api/trace/{trace_id}")
     def trace_api(request: Request, trace_id: str) -> Response:
-        try:
-            tid = parse_trace_id(trace_id)
-            with db.cursor() as cur:
-                return JSONResponse(trace_data(cur, tid))
-        except (ParamError, TraceNotFound, StoreError, QueryTimeout, duckdb.Error) as exc:
-            return fail(request, exc)
+        tid = parse_trace_id(trace_id)
+        with db.cursor() as cur:
+            return JSONResponse(trace_data(cur, tid))
 
     @app.get("/api/trace/{trace_id}/otlp.json")
     def trace_otlp(request: Request, trace_id: str) -> Response:
-        try:
-            tid = parse_trace_id(trace_id)
-            with db.cursor() as cur:
-                spans, _ = load_spans(cur, tid)
-            if not spans:
-                raise TraceNotFound(f"no kept spans for trace id {tid} (its spans were sampled out)")
-            return JSONResponse(
-                to_otlp_json(tid, spans),
-                headers={"Content-Disposition": f'attachment; filename="trace-{tid}.otlp.json"'},
-            )
-        except (ParamError, TraceNotFound, StoreError, QueryTimeout, duckdb.Error) as exc:
-            return fail(request, exc)
+        tid = parse_trace_id(trace_id)
+        with db.cursor() as cur:
+            spans, _ = load_spans(cur, tid)
+        if not spans:
+            raise TraceNotFound(f"no kept spans for trace id {tid} (its spans were sampled out)")
+        return JSONResponse(
+            to_otlp_json(tid, spans),
+            headers={"Content-Disposition": f'attachment; filename="trace-{tid}.otlp.json"'},
+        )
 
     @app.get("/api/trace/{trace_id}/chrome.json")
     def trace_chrome(request: Request, trace_id: str) -> Response:
-        try:
-            tid = parse_trace_id(trace_id)
-            with db.cursor() as cur:
-                spans, _ = load_spans(cur, tid)
-                if not spans:
-                    raise TraceNotFound(f"no kept spans for trace id {tid} (its spans were sampled out)")
-                steps = _steps_of_trace(cur, tid)
-            return JSONResponse(
-                to_chrome_trace(tid, spans, steps),
-                headers={"Content-Disposition": f'attachment; filename="trace-{tid}.chrome.json"'},
-            )
-        except (ParamError, TraceNotFound, StoreError, QueryTimeout, duckdb.Error) as exc:
-            return fail(request, exc)
+        tid = parse_trace_id(trace_id)
+        with db.cursor() as cur:
+            spans, _ = load_spans(cur, tid)
+            if not spans:
+                raise TraceNotFound(f"no kept spans for trace id {tid} (its spans were sampled out)")
+            steps = _steps_of_trace(cur, tid)
+        return JSONResponse(
+            to_chrome_trace(tid, spans, steps),
+            headers={"Content-Disposition": f'attachment; filename="trace-{tid}.chrome.json"'},
+        )
 
     @app.get("/diagnosis", response_class=HTMLResponse)
     def diagnosis_page(request: Request) -> Response:
-        try:
-            view = parse_view_filters(request.query_params)
-            data = diagnosis(view)
-            return page(request, "diagnosis.html", data, page_name="diagnosis", choices=choices(), view=view)
-        except (ParamError, StoreError, QueryTimeout, duckdb.Error) as exc:
-            return fail(request, exc)
+        view = parse_view_filters(request.query_params)
+        data = diagnosis(view)
+        return page(request, "diagnosis.html", data, page_name="diagnosis", choices=choices(), view=view)
 
     @app.get("/api/diagnosis")
     def diagnosis_api(request: Request) -> Response:
-        try:
-            return JSONResponse(diagnosis(parse_view_filters(request.query_params)))
-        except (ParamError, StoreError, QueryTimeout, duckdb.Error) as exc:
-            return fail(request, exc)
+        return JSONResponse(diagnosis(parse_view_filters(request.query_params)))
 
     def diagnosis(view: Any) -> dict[str, Any]:
         cached, refreshing = reports.get(view, wait_s=REPORT_TIME_LIMIT_S)
