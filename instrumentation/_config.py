@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -202,6 +203,11 @@ def configure(
                 )
             )
     tracing = Tracing(settings, tracer_provider, owns_provider=owns)
+    # At exit, what waits in the SDK's queues (finished requests, engine steps)
+    # must become spans before the provider's own atexit shutdown exports the
+    # last batch: atexit runs last-registered first, so move ours after it.
+    atexit.unregister(_run_flush_hooks)
+    atexit.register(_run_flush_hooks)
     if _tracing is not None:
         _run_flush_hooks()  # pending data belongs to the old configuration
     with _lock:

@@ -9,10 +9,7 @@ root (its own trace): steps serve many requests and belong to none of them.
 from __future__ import annotations
 
 import contextvars
-import os
-import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +17,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
 
 from tokentrace.instrumentation import semconv
+from tokentrace.instrumentation._background import QueueFlusher
 from tokentrace.instrumentation._config import add_flush_hook, get_tracing
 from tokentrace.instrumentation._forward import poll_device_timings
 from tokentrace.instrumentation._safety import log_once
@@ -47,55 +45,23 @@ _current_step: contextvars.ContextVar[EngineStep | None] = contextvars.ContextVa
 )
 
 
-class StepRecorder:
-    """The bounded step buffer and its daemon flusher thread."""
+class StepRecorder(QueueFlusher[_StepRecord]):
+    """The bounded step buffer (the oldest steps go first) and its daemon flusher thread."""
 
     def __init__(
         self, flush_interval_s: float = FLUSH_INTERVAL_S, max_pending: int = MAX_PENDING_STEPS
     ) -> None:
-        self._steps: deque[_StepRecord] = deque(maxlen=max_pending)
-        self._max_pending = max_pending
-        self._interval = flush_interval_s
-        self._wake = threading.Event()
-        self._flush_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._thread_lock = threading.Lock()
-        self.dropped = 0
+        super().__init__(
+            "tokentrace-steps",
+            flush_interval_s,
+            max_pending,
+            wake_at=MAX_STEPS_PER_SPAN,
+            drop_oldest=True,
+        )
         self.emitted_spans = 0
 
-    # ---- hot path ---------------------------------------------------------
-    def append(self, record: _StepRecord) -> None:
-        steps = self._steps
-        if len(steps) >= self._max_pending:
-            self.dropped += 1  # deque(maxlen) drops the oldest on append
-        steps.append(record)
-        if self._thread is None:
-            self._start()
-        elif len(steps) >= MAX_STEPS_PER_SPAN:
-            self._wake.set()
-
-    # ---- flusher ----------------------------------------------------------
-    def _start(self) -> None:
-        with self._thread_lock:
-            if self._thread is None:
-                t = threading.Thread(target=self._run, name="tokentrace-steps", daemon=True)
-                self._thread = t
-                t.start()
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait(self._interval)
-            self._wake.clear()
-            try:
-                self.flush(final=False)
-            except Exception as exc:  # the SDK's own failure must never reach the host
-                log_once("engine-step flush", exc)
-
-    def _after_fork(self) -> None:
-        self._thread = None
-        self._steps.clear()
-        self._flush_lock = threading.Lock()
-        self._thread_lock = threading.Lock()
+    #: the hot path: one tuple queued (a step is never refused: the oldest make room)
+    append = QueueFlusher.offer
 
     def flush(self, final: bool = True) -> int:
         """Emits every buffered step as `tokentrace.engine.steps` spans; gives the count.
@@ -104,13 +70,13 @@ class StepRecorder:
         unless `final`, where they go with gpu_us unknown.
         """
         with self._flush_lock:
-            if not self._steps:
+            if not self._items:
                 return 0
             poll_device_timings()
             batch: list[_StepRecord] = []
             now = time.time_ns()
-            while self._steps:
-                rec = self._steps.popleft()
+            while self._items:
+                rec = self._items.popleft()
                 tally = rec[9]
                 if (
                     not final
@@ -118,7 +84,7 @@ class StepRecorder:
                     and not tally.complete
                     and now - rec[1] < DEVICE_WAIT_NS
                 ):
-                    self._steps.appendleft(rec)  # keep order: later steps wait too
+                    self._items.appendleft(rec)  # keep order: later steps wait too
                     break
                 batch.append(rec)
             for i in range(0, len(batch), MAX_STEPS_PER_SPAN):
@@ -190,8 +156,7 @@ def _kv(value: float | None) -> float:
 
 
 recorder = StepRecorder()
-add_flush_hook(recorder.flush)
-os.register_at_fork(after_in_child=recorder._after_fork)
+add_flush_hook(lambda: recorder.flush())  # late-bound: tests swap the recorder
 
 
 class EngineStep:
