@@ -62,7 +62,9 @@ class QueueFlusher(Generic[_T]):
         items.append(item)
         if self._thread is None:
             self._start()
-        elif len(items) >= self._wake_at:
+        elif len(items) == self._wake_at:
+            # once, on crossing: setting an Event takes a lock, too dear per item
+            # when the flusher lags; the interval catches anything left above
             self._wake.set()
         return True
 
