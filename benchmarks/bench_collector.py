@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -64,12 +65,32 @@ def peak_rss_mb(pid: int) -> float:
     return _status_mb(pid, "VmHWM:")
 
 
+def children(pid: int) -> list[int]:
+    """Gives the pids of the process's children (the collector's decode workers)."""
+    try:
+        tasks = Path(f"/proc/{pid}/task").iterdir()
+        return [int(c) for t in tasks for c in (t / "children").read_text().split()]
+    except OSError:
+        return []
+
+
+def cpu_s(pid: int) -> float:
+    """Gives the user + system CPU seconds the process has used."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class RssWatch:
     """Samples the collector's RSS and buffer occupancy while the load runs, so
     the output shows whether memory levels off (bounded) or grows with the run."""
 
     def __init__(self, pid: int, endpoint: str, every_s: float = 0.5) -> None:
-        self.samples: list[tuple[float, float, float]] = []  # (s since start, RSS MiB, buffered spans)
+        # (s since start, RSS MiB of the collector and its decode workers, buffered spans)
+        self.samples: list[tuple[float, float, float]] = []
+        self.worker_cpu: dict[int, float] = {}  # CPU s of each worker, last seen
         self._pid, self._endpoint, self._every = pid, endpoint, every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -84,6 +105,9 @@ class RssWatch:
                 except httpx.HTTPError:
                     buffered = float("nan")
                 rss = _status_mb(self._pid, "VmRSS:")
+                for child in children(self._pid):
+                    rss += _status_mb(child, "VmRSS:")
+                    self.worker_cpu[child] = cpu_s(child)
                 self.samples.append((time.perf_counter() - self._t0, rss, buffered))
 
     def stop(self) -> None:
@@ -117,7 +141,8 @@ def start_serve(db: Path, port: int, extra: list[str]) -> subprocess.Popen[bytes
     raise SystemExit("tokentrace serve did not start")
 
 
-def run(seconds: float, traces_per_export: int, grace_s: float, extra: list[str]) -> dict[str, float]:
+def run(seconds: float, traces_per_export: int, grace_s: float, extra: list[str],
+        senders: int = 2) -> dict[str, Any]:  # fmt: skip
     payloads = build_payloads(64, traces_per_export)
     spans_per_export = traces_per_export * SPANS_PER_TRACE
     ceiling = parse_rate(payloads, spans_per_export)
@@ -128,7 +153,11 @@ def run(seconds: float, traces_per_export: int, grace_s: float, extra: list[str]
         try:
             watch = RssWatch(proc.pid, endpoint)
             t0 = time.perf_counter()
-            load = send(endpoint, payloads, spans_per_export, seconds=seconds, workers=2)
+            cpu0 = cpu_s(proc.pid)
+            sender_cpu0 = time.process_time()
+            load = send(endpoint, payloads, spans_per_export, seconds=seconds, workers=senders)
+            sender_cpu = time.process_time() - sender_cpu0
+            send_s = time.perf_counter() - t0
             sent_traces = load.spans_accepted // SPANS_PER_TRACE
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
@@ -139,6 +168,8 @@ def run(seconds: float, traces_per_export: int, grace_s: float, extra: list[str]
             elapsed = time.perf_counter() - t0
             text = httpx.get(f"{endpoint}/metrics").text
             rss = peak_rss_mb(proc.pid)
+            workers_rss = sum(peak_rss_mb(c) for c in children(proc.pid))
+            main_cpu = cpu_s(proc.pid) - cpu0
             watch.stop()
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -154,6 +185,12 @@ def run(seconds: float, traces_per_export: int, grace_s: float, extra: list[str]
         "persisted_spans_per_s": written * SPANS_PER_TRACE / elapsed,
         "parse_ceiling_spans_per_s": ceiling,
         "peak_rss_mb": rss,
+        "workers_peak_rss_mb": workers_rss,
+        "collector_cpu_s": main_cpu,
+        "workers_cpu_s": sum(watch.worker_cpu.values()),
+        "senders": senders,
+        "sender_cpu_s": sender_cpu,
+        "send_s": send_s,
         "rss_over_time": watch.at_fractions(),
         "max_buffered_spans_seen": watch.max_buffered(),
     }
@@ -164,11 +201,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0, help="how long to send")
     ap.add_argument("--traces-per-export", type=int, default=200)
     ap.add_argument("--grace-s", type=float, default=0.5)
+    ap.add_argument("--senders", type=int, default=2, help="sending threads (exports in flight)")
     ap.add_argument("serve_args", nargs="*", help="extra `tokentrace serve` flags (after --)")
     args = ap.parse_args()
-    r = run(args.seconds, args.traces_per_export, args.grace_s, args.serve_args)
+    r = run(args.seconds, args.traces_per_export, args.grace_s, args.serve_args, args.senders)
     print(f"cores: {os.cpu_count()}  payload: {args.traces_per_export} traces x "
-          f"{SPANS_PER_TRACE} spans per export, grace {args.grace_s}s")  # fmt: skip
+          f"{SPANS_PER_TRACE} spans per export, grace {args.grace_s}s, {args.senders} senders, "
+          f"serve flags: {' '.join(args.serve_args) or 'defaults'}")  # fmt: skip
     print(f"accepted {r['spans_accepted']:.0f} spans; stored {r['requests_written']:.0f} request "
           f"summaries (every request) and {r['spans_kept_written']:.0f} kept spans; "
           f"{r['refusals_retried']:.0f} 503s retried; {r['errors']:.0f} errors")  # fmt: skip
@@ -177,10 +216,16 @@ def main() -> None:
     print(f"raw protobuf parse:     {r['parse_ceiling_spans_per_s']:>10,.0f} spans/s  (ceiling)")
     print(f"ratio persisted/parse:  {r['persisted_spans_per_s'] / r['parse_ceiling_spans_per_s']:>10.3f}")
     print(f"peak RSS of the collector: {r['peak_rss_mb']:.0f} MiB "
+          f"+ decode workers {r['workers_peak_rss_mb']:.0f} MiB "
           f"(DuckDB memory_limit {os.environ.get('TOKENTRACE_DUCKDB_MEMORY_LIMIT', 'default')}, "
           f"most spans buffered {r['max_buffered_spans_seen']:.0f})")  # fmt: skip
+    spans = r["requests_written"] * SPANS_PER_TRACE
+    print(f"CPU per 1,000 persisted spans: collector process {1e6 * r['collector_cpu_s'] / spans:.1f} ms, "
+          f"decode workers {1e6 * r['workers_cpu_s'] / spans:.1f} ms, load generator "
+          f"{1e6 * r['sender_cpu_s'] / r['spans_accepted']:.1f} ms per 1,000 sent "
+          f"({r['sender_cpu_s'] / r['send_s']:.0%} of a core)")  # fmt: skip
     growth = ", ".join(f"{t:.0f} s: {mb:.0f}" for t, mb in r["rss_over_time"])
-    print(f"peak RSS so far, MiB, by time into the run (flat = bounded): {growth}")
+    print(f"peak RSS so far (collector + workers), MiB, by time into the run (flat = bounded): {growth}")
 
 
 if __name__ == "__main__":

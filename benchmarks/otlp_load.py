@@ -11,13 +11,14 @@ fixed span rate (0 = as fast as possible) and prints accepted / refused counts.
 from __future__ import annotations
 
 import argparse
+import http.client
 import os
 import random
 import threading
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
-import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
@@ -103,22 +104,32 @@ class LoadResult:
 
 def send(endpoint: str, payloads: list[bytes], spans_per_payload: int, *, seconds: float = 0.0,
          rate: float = 0.0, workers: int = 2, repeat: int = 1) -> LoadResult:  # fmt: skip
-    """Sends the payloads (each retried on 503 until accepted) from `workers` threads.
+    """Sends the payloads (each retried on 503/429 until accepted) from `workers` threads.
 
     With `seconds` it loops over the payloads for that long; `rate` caps the span
-    rate (0 = as fast as the collector takes them)."""
+    rate (0 = as fast as the collector takes them).  Each thread keeps one
+    keep-alive `http.client` connection, like an OTLP exporter: the sender
+    shares the cores with the collector, so it must cost little per export."""
     result = LoadResult()
     lock = threading.Lock()
     generation = iter(range(1, 1 << 32))
-    url = endpoint.rstrip("/") + "/v1/traces"
+    parts = urlsplit(endpoint)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    path = parts.path.rstrip("/") + "/v1/traces"
     deadline = time.monotonic() + seconds if seconds else None
     per_worker_rate = rate / workers if rate else 0.0
+
+    def post(conn: http.client.HTTPConnection, body: bytes) -> tuple[int, str, bytes]:
+        conn.request("POST", path, body=body, headers=PB)
+        r = conn.getresponse()
+        return r.status, r.getheader("Retry-After") or "1", r.read()
 
     def worker(w: int) -> None:
         mine = payloads[w::workers] or payloads
         started = time.monotonic()
         sent_spans = 0
-        with httpx.Client(timeout=30) as client:
+        conn = http.client.HTTPConnection(host, port, timeout=30)
+        try:
             i = 0
             while True:
                 if deadline is None and i >= len(mine) * repeat:
@@ -136,26 +147,33 @@ def send(endpoint: str, payloads: list[bytes], spans_per_payload: int, *, second
                         time.sleep(pause)
                 while True:
                     try:
-                        r = client.post(url, content=body, headers=PB)
-                    except httpx.TransportError as exc:
-                        with lock:
-                            result.errors.append(str(exc))
-                        return
-                    if r.status_code == 200:
+                        status, retry_after, text = post(conn, body)
+                    except (OSError, http.client.HTTPException) as exc:
+                        # a dropped keep-alive connection: one reconnect, then give up
+                        conn.close()
+                        try:
+                            status, retry_after, text = post(conn, body)
+                        except (OSError, http.client.HTTPException):
+                            with lock:
+                                result.errors.append(f"{type(exc).__name__}: {exc}")
+                            return
+                    if status == 200:
                         with lock:
                             result.exports_sent += 1
                             result.spans_accepted += spans_per_payload
                         sent_spans += spans_per_payload
                         break
-                    if r.status_code in (429, 503):
+                    if status in (429, 503):
                         with lock:
                             result.spans_refused += spans_per_payload
                             result.retries += 1
-                        time.sleep(min(float(r.headers.get("Retry-After", "1")), 0.05))
+                        time.sleep(min(float(retry_after), 0.05))
                         continue
                     with lock:
-                        result.errors.append(f"HTTP {r.status_code}: {r.text[:200]}")
+                        result.errors.append(f"HTTP {status}: {text[:200]!r}")
                     return
+        finally:
+            conn.close()
 
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
     for t in threads:

@@ -23,12 +23,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from tokentrace.analyzer.spans import Span
+from tokentrace.collector.decode_pool import DecodePool
 from tokentrace.collector.otlp import (
     OtlpDecodeError,
+    Rejected,
     decode_json_partial,
     decode_protobuf_partial,
 )
 from tokentrace.collector.otlp_metrics import decode_metrics_json, decode_metrics_protobuf
+from tokentrace.collector.packed import PackedTrace, span_count
 from tokentrace.collector.pipeline import Pipeline
 from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.writer import WriteBatch
@@ -145,9 +149,20 @@ def _partial(reply_type: str, rejected: int, message: str, signal: str) -> Respo
 
 
 def make_traces_endpoint(
-    pipeline: Pipeline, max_body_bytes: int, metrics: CollectorMetrics | None = None
+    pipeline: Pipeline,
+    max_body_bytes: int,
+    metrics: CollectorMetrics | None = None,
+    decoder: DecodePool | None = None,
 ) -> Callable[[Request], Awaitable[Response]]:
     m = metrics if metrics is not None else pipeline.metrics
+
+    async def decode(request: Request, ctype: str) -> tuple[list[Span] | list[PackedTrace], Rejected]:
+        if decoder is not None and ctype == PROTOBUF:
+            return await decoder.decode(await read_body(request, max_body_bytes))
+        return await _decode(
+            request, max_body_bytes, ctype, decode_protobuf_partial, decode_json_partial
+        )
+
     refused = m.exports_refused
     received = m.spans_received.labels("http")
     accepted = m.spans_accepted.labels("http")
@@ -156,16 +171,15 @@ def make_traces_endpoint(
         ctype = _content_type(request)
         reply_type = JSON if ctype == JSON else PROTOBUF
         try:
-            spans, rejected = await _decode(
-                request, max_body_bytes, ctype, decode_protobuf_partial, decode_json_partial
-            )
+            spans, rejected = await decode(request, ctype)
+            n_spans = span_count(spans)
         except BodyError as exc:
             refused.labels("http", str(exc.status)).inc()
             return _error(exc.status, exc.message, reply_type)
         except OtlpDecodeError as exc:
             refused.labels("http", "400").inc()
             return _error(400, str(exc), reply_type)
-        received.inc(len(spans) + rejected.count)
+        received.inc(n_spans + rejected.count)
         if rejected:
             m.spans_rejected.labels("http", "invalid").inc(rejected.count)
             if not spans:  # nothing usable at all: a bad request, not a partial success
@@ -174,10 +188,10 @@ def make_traces_endpoint(
         if spans:
             why = pipeline.offer(spans)
             if why is not None:
-                m.spans_rejected.labels("http", why).inc(len(spans))
+                m.spans_rejected.labels("http", why).inc(n_spans)
                 refused.labels("http", "503").inc()
                 return _error(503, f"{why.replace('_', ' ')}; retry later", reply_type)
-            accepted.inc(len(spans))
+            accepted.inc(n_spans)
         return _partial(reply_type, rejected.count, rejected.message, "traces")
 
     return traces
@@ -219,13 +233,19 @@ def make_prometheus_endpoint(metrics: CollectorMetrics) -> Callable[[Request], A
 
 
 def create_http_app(
-    pipeline: Pipeline, max_body_bytes: int, metrics: CollectorMetrics | None = None
+    pipeline: Pipeline,
+    max_body_bytes: int,
+    metrics: CollectorMetrics | None = None,
+    decoder: DecodePool | None = None,
 ) -> Starlette:
-    """Gives the OTLP/HTTP ASGI app: /v1/traces, /v1/metrics and Prometheus /metrics."""
+    """Gives the OTLP/HTTP ASGI app: /v1/traces, /v1/metrics and Prometheus /metrics.
+
+    With a `decoder`, big protobuf trace exports are decoded in its worker processes."""
     m = metrics if metrics is not None else pipeline.metrics
+    traces = make_traces_endpoint(pipeline, max_body_bytes, m, decoder)
     return Starlette(
         routes=[
-            Route("/v1/traces", make_traces_endpoint(pipeline, max_body_bytes, m), methods=["POST"]),
+            Route("/v1/traces", traces, methods=["POST"]),
             Route("/v1/metrics", make_metrics_endpoint(pipeline, max_body_bytes, m), methods=["POST"]),
             Route("/metrics", make_prometheus_endpoint(m), methods=["GET"]),
         ]

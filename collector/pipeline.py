@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from tokentrace.analyzer.attribution import summarize_trace
 from tokentrace.analyzer.spans import KIND_SERVER, Span
+from tokentrace.collector.packed import PackedTrace
 from tokentrace.collector.sampling import Decision, Sampler
 from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.writer import KeptTrace, WriteBatch, Writer
@@ -45,6 +46,19 @@ LOW_WATER = 0.75
 class _Pending:
     spans: list[Span] = field(default_factory=list)
     first_seen_ns: int = 0
+    #: the trace's first spans, still packed by a decode worker (they came
+    #: before every span in `spans`)
+    packed: PackedTrace | None = None
+
+    def size(self) -> int:
+        return len(self.spans) + (self.packed.count if self.packed is not None else 0)
+
+    def all_spans(self) -> list[Span]:
+        """Gives every span in arrival order, unpacking the packed ones (once)."""
+        if self.packed is not None:
+            self.spans = self.packed.spans() + self.spans
+            self.packed = None
+        return self.spans
 
 
 @dataclass(slots=True)
@@ -59,6 +73,15 @@ class PipelineStats:
     late_spans_dropped: int = 0
     requests_summarized: int = 0
     kept_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+def _holds(p: _Pending, span_id: str) -> bool:
+    """Whether the pending trace has a span with this id."""
+    if p.packed is not None and not p.spans:
+        # one worker's spans only, and it listed no root candidate whose parent
+        # is among them
+        return False
+    return any(s.span_id == span_id for s in p.all_spans())
 
 
 class Pipeline:
@@ -115,23 +138,37 @@ class Pipeline:
         """Accepts spans into the buffer; gives False (nothing taken) when full."""
         return self.offer(spans) is None
 
-    def offer(self, spans: Sequence[Span]) -> str | None:
-        """Accepts all the spans, or none and gives why (`REFUSED_*`)."""
+    def offer(self, spans: Sequence[Span] | Sequence[PackedTrace]) -> str | None:
+        """Accepts all the spans, or none and gives why (`REFUSED_*`).  Takes
+        `Span`s, or the `PackedTrace`s of a decode worker."""
+        if spans and isinstance(spans[0], PackedTrace):
+            return self._offer_packed(spans)  # type: ignore[arg-type]
+        return self._offer_spans(spans)  # type: ignore[arg-type]
+
+    def _refusal(self, received: int, fresh: int) -> str | None:
+        """Counts what came in; gives why it cannot be taken (lock held)."""
+        stats = self.stats
+        stats.spans_received += received
+        if self._writer.pending >= self._writer.capacity:
+            stats.spans_rejected += received
+            return REFUSED_WRITER_BEHIND
+        # an empty buffer takes any batch, so one big export always makes progress
+        if self._buffered and self._buffered + fresh > self._max_spans:
+            stats.spans_rejected += received
+            return REFUSED_BUFFER_FULL
+        return None
+
+    def _offer_spans(self, spans: Sequence[Span]) -> str | None:
         now = self._clock()
         stats = self.stats
         with self._lock:
-            stats.spans_received += len(spans)
-            if self._writer.pending >= self._writer.capacity:
-                stats.spans_rejected += len(spans)
-                return REFUSED_WRITER_BEHIND
             decided = self._decided
             fresh = len(spans)
             if decided:
                 fresh = sum(1 for s in spans if s.trace_id not in decided)
-            # an empty buffer takes any batch, so one big export always makes progress
-            if self._buffered and self._buffered + fresh > self._max_spans:
-                stats.spans_rejected += len(spans)
-                return REFUSED_BUFFER_FULL
+            why = self._refusal(len(spans), fresh)
+            if why is not None:
+                return why
             pending = self._pending
             roots = self._roots
             for s in spans:
@@ -157,6 +194,41 @@ class Pipeline:
             stats.spans_accepted += len(spans)
         return None
 
+    def _offer_packed(self, traces: Sequence[PackedTrace]) -> str | None:
+        now = self._clock()
+        stats = self.stats
+        with self._lock:
+            decided = self._decided
+            received = sum(t.count for t in traces)
+            fresh = received
+            if decided:
+                fresh = sum(t.count for t in traces if t.trace_id not in decided)
+            why = self._refusal(received, fresh)
+            if why is not None:
+                return why
+            pending = self._pending
+            roots = self._roots
+            for t in traces:
+                trace_id = t.trace_id
+                p = pending.get(trace_id)
+                if p is None:
+                    decision = decided.get(trace_id) if decided else None
+                    if decision is not None:
+                        if decision:
+                            self._late.extend(t.spans())
+                            stats.late_spans_kept += t.count
+                        else:
+                            stats.late_spans_dropped += t.count
+                        continue
+                    pending[trace_id] = _Pending([], now, t)
+                else:  # more spans of a buffered trace: the worker's summary no longer covers it
+                    p.spans.extend(t.spans())
+                for parent in t.roots:
+                    roots.append((now, trace_id, parent))
+            self._buffered += fresh
+            stats.spans_accepted += received
+        return None
+
     def add_engine_data(self, batch: WriteBatch) -> bool:
         """Engine steps and GPU samples bypass sampling: they are kept whole."""
         return self._writer.submit(batch)
@@ -164,7 +236,7 @@ class Pipeline:
     # ---- decision side --------------------------------------------------------
     def _take(self, trace_id: str, out: list[tuple[str, _Pending]]) -> None:
         p = self._pending.pop(trace_id)
-        self._buffered -= len(p.spans)
+        self._buffered -= p.size()
         out.append((trace_id, p))
 
     def _ready(self, now: int, force: bool) -> tuple[list[tuple[str, _Pending]], int]:
@@ -184,7 +256,7 @@ class Pipeline:
                 p = pending.get(trace_id)
                 if p is None:
                     continue  # decided already
-                if parent and any(s.span_id == parent for s in p.spans):
+                if parent and _holds(p, parent):
                     continue  # a SERVER span under a span we have: not the root
                 self._take(trace_id, ready)
             wait = self._wait_ns
@@ -224,17 +296,32 @@ class Pipeline:
         decide = self._sampler.decide
         waits = m.decision_latency
         decisions: list[tuple[str, bool]] = []
+        rules = bool(self._sampler.rules)
         for trace_id, p in ready:
-            spans = p.spans
             waits.observe((now - p.first_seen_ns) / 1e9)
-            result = summarize_trace(spans)
+            packed = p.packed
+            spans: list[Span] | None
+            if packed is not None and packed.pre is not None and not p.spans:
+                # only the spans one worker packed and summarized: its summary is
+                # this trace's, and the spans stay packed unless the trace is kept
+                result = packed.pre
+                spans = p.all_spans() if rules else None
+            else:
+                spans = p.all_spans()
+                result = summarize_trace(spans)
             if result.engine_steps:
                 batch.engine_steps.extend(result.engine_steps)
+                if spans is None:
+                    spans = p.all_spans()
                 if not result.requests and all(s.name == spans[0].name for s in spans):
                     # a pure engine-step carrier trace: its data is stored, not its spans
                     decisions.append((trace_id, False))
                     continue
-            decision: Decision = decide(trace_id, spans, result.requests)
+            decision: Decision = (
+                decide(trace_id, spans, result.requests)
+                if spans is not None
+                else decide(trace_id, (), result.requests, span_error=packed.error)  # type: ignore[union-attr]
+            )
             keep, reason, weight = decision.keep, decision.reason, decision.weight
             for r in result.requests:
                 r.kept = keep
@@ -242,7 +329,7 @@ class Pipeline:
                 r.sample_weight = weight
             batch.requests.extend(result.requests)
             if keep:
-                batch.kept.append(KeptTrace(trace_id, reason, weight, wall, spans))
+                batch.kept.append(KeptTrace(trace_id, reason, weight, wall, p.all_spans()))
             outcomes[(keep, reason)] = outcomes.get((keep, reason), 0) + 1
             decisions.append((trace_id, keep))
         stats = self.stats

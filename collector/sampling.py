@@ -180,14 +180,24 @@ class Sampler:
         self._threshold = int(round((1.0 - baseline) * _RANDOM_MAX))
 
     def decide(
-        self, trace_id: str, spans: Sequence[Span], requests: Sequence[RequestSummary]
+        self,
+        trace_id: str,
+        spans: Sequence[Span],
+        requests: Sequence[RequestSummary],
+        *,
+        span_error: bool | None = None,
     ) -> Decision:
+        """Decides whether to keep the trace.  `span_error`, when given, says
+        whether one of its spans failed, for a caller that has not unpacked
+        the spans (then `spans` may be empty unless attribute rules are set)."""
         # every request feeds the sketches, whatever the decision
         slow = None
         for r in requests:
             why = self.p99.observe(r)
             slow = slow or why
-        if any(r.error for r in requests) or any(s.status_code == STATUS_ERROR for s in spans):
+        if span_error is None:
+            span_error = any(s.status_code == STATUS_ERROR for s in spans)
+        if span_error or any(r.error for r in requests):
             return Decision(True, REASON_ERROR)
         if any(self._breaches_slo(r) for r in requests):
             return Decision(True, REASON_SLO)

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tokentrace.collector.decode_pool import DecodePool
 from tokentrace.collector.gc_tuning import tune_for_ingest
 from tokentrace.collector.grpc_receiver import start_grpc_server
 from tokentrace.collector.http_receiver import create_http_app
@@ -159,6 +160,7 @@ class CollectorServer:
         self.grpc_port = settings.grpc_port
         self._grpc: Any = None
         self._servers: list[Any] = []
+        self.decoder = DecodePool(settings.decode_processes) if settings.decode_processes else None
         self._thread: threading.Thread | None = None
         self._restore_gc: Any = None
         self._stopped = False
@@ -186,7 +188,7 @@ class CollectorServer:
                 c.pipeline, s.host, s.grpc_port, s.max_body_bytes, c.metrics
             )
             apps: list[tuple[Any, int]] = [
-                (create_http_app(c.pipeline, s.max_body_bytes, c.metrics), s.http_port)
+                (create_http_app(c.pipeline, s.max_body_bytes, c.metrics, self.decoder), s.http_port)
             ]
             try:
                 from tokentrace.web.app import create_web_app
@@ -268,6 +270,8 @@ class CollectorServer:
                 server.should_exit = True
             if self._thread is not None:
                 self._thread.join(30)
+            if self.decoder is not None:
+                self.decoder.close()
         finally:
             self.collector.close()
 

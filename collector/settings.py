@@ -32,6 +32,7 @@ class CollectorSettings:
     keep_rules: str = ""
     p99_min_samples: int = 100
     max_pending_writes: int = 256
+    decode_processes: int = 1
 
     def __post_init__(self) -> None:
         for port_name in ("http_port", "grpc_port", "web_port"):
@@ -44,6 +45,8 @@ class CollectorSettings:
             raise ValueError("grace_s must be >= 0 and decision_wait_s > 0")
         if self.max_buffered_spans <= 0 or self.max_body_bytes <= 0:
             raise ValueError("max_buffered_spans and max_body_bytes must be positive")
+        if self.decode_processes < 0:
+            raise ValueError(f"decode_processes must be >= 0, got {self.decode_processes}")
         if self.p99_min_samples < 1 or self.max_pending_writes < 1:
             raise ValueError("p99_min_samples and max_pending_writes must be positive")
         from tokentrace.collector.sampling import parse_rules
@@ -75,6 +78,8 @@ HELP: dict[str, str] = {
     " (span or resource attribute, e.g. tenant.id=acme,gen_ai.request.model=big)",
     "p99_min_samples": "requests a model/route needs before its running p99 keeps slow traces",
     "max_pending_writes": "batches the DuckDB writer may queue; beyond it receivers answer 503",
+    "decode_processes": "worker processes that decode big OTLP/HTTP protobuf exports off the GIL"
+    " (0: decode everything in the collector process)",
 }
 
 
