@@ -33,6 +33,7 @@ from tokentrace.instrumentation._request import (
     RequestTrace,
     current_request,
     phase,
+    record_tokens,
     request,
     traced_request,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "instrument_transformers_generate",
     "phase",
     "record_step",
+    "record_tokens",
     "request",
     "request_from_headers",
     "semconv",

@@ -24,6 +24,10 @@ class ColdStartTracker:
     def observe(self, requests: int, idle_s: float) -> bool:
         """Counts one request starting now; gives True when it is a cold start."""
         now = self._clock()
+        last = self._last
+        if self._cold_left == 0 and last is not None and now - last < idle_s:
+            self._last = now  # warm: the common case needs no lock
+            return False
         with self._lock:
             if self._cold_left is None or (self._last is not None and now - self._last >= idle_s):
                 self._cold_left = requests

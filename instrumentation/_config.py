@@ -13,7 +13,10 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import DEFAULT_ON
 from opentelemetry.trace import Tracer
+
+from tokentrace.instrumentation._pending_span import PresetIdGenerator
 
 logger = logging.getLogger("tokentrace")
 
@@ -123,6 +126,12 @@ class Tracing:
         self.provider = provider
         self.tracer: Tracer = provider.get_tracer(SCOPE_NAME)
         self._owns_provider = owns_provider
+        #: set when request spans may be built off the host's thread with ids
+        #: drawn at the start: our own provider, its id generator, the default sampler
+        self.pending_ids: PresetIdGenerator | None = None
+        ids = getattr(provider, "id_generator", None)
+        if owns_provider and isinstance(ids, PresetIdGenerator) and provider.sampler is DEFAULT_ON:
+            self.pending_ids = ids
 
     def force_flush(self, timeout_ms: int = 10_000) -> bool:
         """Emits buffered engine steps / timings, then flushes spans; gives success."""
@@ -190,7 +199,9 @@ def configure(
     if tracer_provider is None:
         attrs: dict[str, Any] = {"service.name": settings.service_name, "process.pid": os.getpid()}
         attrs.update(resource_attributes or {})
-        tracer_provider = TracerProvider(resource=Resource.create(attrs))
+        tracer_provider = TracerProvider(
+            resource=Resource.create(attrs), id_generator=PresetIdGenerator()
+        )
         if not settings.disabled:
             # Bounded queue, export on a daemon thread: the host never waits on
             # the collector, and a dead collector costs dropped spans, not latency.

@@ -18,7 +18,7 @@ import itertools
 import os
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
@@ -33,6 +33,7 @@ from tokentrace.instrumentation._background import QueueFlusher
 from tokentrace.instrumentation._config import add_flush_hook, get_tracing
 from tokentrace.instrumentation._forward import poll_device_timings
 from tokentrace.instrumentation._gpu import gpu_summary
+from tokentrace.instrumentation._pending_span import PendingSpan
 from tokentrace.instrumentation._safety import log_once
 from tokentrace.instrumentation._tally import DeviceTally
 
@@ -42,8 +43,13 @@ _current: contextvars.ContextVar[RequestTrace | None] = contextvars.ContextVar(
 )
 _F = TypeVar("_F", bound=Callable[..., Any])
 _ids = itertools.count(1)
-_pid = os.getpid()
 _monotonic_ns = time.monotonic_ns  # bound once: token() is the hottest call in the SDK
+
+
+def _yield_gil() -> None:
+    time.sleep(0)  # releases the GIL; a thread waiting for it takes it now
+
+
 #: How long a finished request waits, at most, for its spans to be built off the host's thread.
 FINISH_INTERVAL_S = 0.5
 #: Finished requests waiting at once; beyond it `finish()` builds the spans itself.
@@ -52,9 +58,27 @@ MAX_PENDING_FINISHES = 16_384
 FINISH_WAKE_AT = 256
 
 
+def _id_prefix() -> str:
+    # pid for the reader, random bits so that a restarted process (containers
+    # often run as pid 1) or a forked worker never repeats an id
+    return f"req-{os.getpid()}-{random.getrandbits(32):08x}-"
+
+
+_prefix = _id_prefix()
+
+
+def _new_prefix_after_fork() -> None:
+    global _prefix, _ids
+    _prefix = _id_prefix()
+    _ids = itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_new_prefix_after_fork)
+
+
 def _new_request_id() -> str:
-    # getrandbits, not uuid4: uuid4 reads os.urandom, a syscall on every request
-    return f"req-{_pid}-{next(_ids)}-{random.getrandbits(24):06x}"
+    # a prefix drawn once per process and a counter: no formatting on the hot path
+    return _prefix + str(next(_ids))
 
 
 class RequestTrace:
@@ -76,6 +100,7 @@ class RequestTrace:
         "_finished",
         "_ctx_token",
         "_attrs",
+        "_tracing",
         "tally",
     )
 
@@ -113,14 +138,19 @@ class RequestTrace:
         if attributes:
             attrs.update(attributes)
         self._attrs = attrs
+        self._tracing = tracing
         parent = _propagator.extract(carrier=dict(headers)) if headers else None
-        self._span = tracing.tracer.start_span(
-            name,
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes=attrs,
-            start_time=self._start_wall_ns,
-        )
+        self._span: trace.Span
+        if tracing.pending_ids is not None:  # built by the finisher (see _pending_span)
+            self._span = PendingSpan(name, attrs, parent, self._start_wall_ns, self.finish)
+        else:
+            self._span = tracing.tracer.start_span(
+                name,
+                context=parent,
+                kind=SpanKind.SERVER,
+                attributes=attrs,
+                start_time=self._start_wall_ns,
+            )
 
     # ---- hot path ---------------------------------------------------------
     def token(self, count: int = 1) -> None:
@@ -153,6 +183,7 @@ class RequestTrace:
     def set_attribute(self, key: str, value: Any) -> None:
         if self._span.is_recording():
             self._span.set_attribute(key, value)
+            self._attrs[key] = value  # what the request says of itself wins over defaults
 
     def set_tokens(self, prompt: int | None = None, output: int | None = None) -> None:
         """Records token counts (output defaults to the number of token() calls)."""
@@ -213,6 +244,15 @@ class RequestTrace:
     def _complete(self, end_mono: int, phases: list[tuple[str, int, int]]) -> None:
         """Builds the phase spans and the last attributes, and ends the span (the flusher's work)."""
         span = self._span
+        if isinstance(span, PendingSpan):
+            ids = self._tracing.pending_ids
+            if ids is None or not span.sampled:
+                return  # an unsampled caller's trace: OpenTelemetry would record nothing either
+            try:
+                span = self._span = span.build(self._tracing.tracer, ids)
+            except Exception as exc:  # the SDK's own failure must never reach the host
+                log_once("request span build", exc)
+                return
         try:
             if span.is_recording():
                 self._emit_children(span, phases)
@@ -243,7 +283,7 @@ class RequestTrace:
             span.set_attribute(semconv.FORWARD_GPU_US, tally.device_ns // 1000)
 
     def _emit_children(self, span: trace.Span, phases: list[tuple[str, int, int]]) -> None:
-        tracer = get_tracing().tracer
+        tracer = self._tracing.tracer
         ctx = trace.set_span_in_context(span)
         for phase, start, end in phases:
             name = semconv.PHASES.get(phase, f"tokentrace.{phase}")
@@ -281,6 +321,11 @@ class RequestFinisher(QueueFlusher[_Finishing]):
                 req, end_mono, phases = items.popleft()
                 req._complete(end_mono, phases)
                 done += 1
+                if not final:
+                    # hand the GIL over: a serving loop back from a GIL-free forward
+                    # would otherwise wait for this whole batch (up to the 5 ms switch
+                    # interval at a time), a stall every flush
+                    _yield_gil()
             return done
 
 
@@ -312,6 +357,18 @@ def request(
         headers=headers,
         attributes=attributes,
     )
+
+
+def record_tokens(requests: Iterable[RequestTrace]) -> None:
+    """Records one output token produced now for each of `requests`: one call a batch step.
+
+    The same as `req.token()` on each, with one clock read for the batch (the
+    step produced their tokens together) and one Python call instead of one
+    per request, which is what a serving loop's step can afford.
+    """
+    now = _monotonic_ns()
+    for req in requests:
+        req._tokens.append(now)
 
 
 def current_request() -> RequestTrace | None:

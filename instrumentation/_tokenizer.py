@@ -7,7 +7,9 @@ from typing import Any
 
 import wrapt
 
-from tokentrace.instrumentation._request import RequestTrace, current_request
+from tokentrace.instrumentation._request import RequestTrace, _current
+
+_current_request = _current.get  # one C call: this runs once per tokenizer call
 
 #: Methods timed as "tokenize" / "detokenize"; everything else passes through untouched.
 TOKENIZE_METHODS = frozenset(
@@ -17,7 +19,7 @@ DETOKENIZE_METHODS = frozenset({"decode", "decode_batch", "batch_decode"})
 
 
 def _timed_call(phase: str, fn: Any, request: RequestTrace | None, args: Any, kwargs: Any) -> Any:
-    req = request if request is not None else current_request()
+    req = request if request is not None else _current_request()
     if req is None:
         return fn(*args, **kwargs)
     start = time.monotonic_ns()
@@ -49,14 +51,25 @@ class TokenizerProxy(wrapt.ObjectProxy):  # type: ignore[misc]
     def __init__(self, wrapped: Any, request: RequestTrace | None = None) -> None:
         super().__init__(wrapped)
         self._self_request = request
+        #: timed methods made once: a proxy per call cost more than the tokenizer's own work
+        self._self_timed: dict[str, _TimedMethod] = {}
 
     def __getattr__(self, name: str) -> Any:
+        timed = self._self_timed.get(name)
+        if timed is not None:
+            return timed
         value = getattr(self.__wrapped__, name)
-        if name in TOKENIZE_METHODS:
-            return _TimedMethod(value, "tokenize", self._self_request)
-        if name in DETOKENIZE_METHODS:
-            return _TimedMethod(value, "detokenize", self._self_request)
-        return value
+        phase = (
+            "tokenize"
+            if name in TOKENIZE_METHODS
+            else "detokenize"
+            if name in DETOKENIZE_METHODS
+            else None
+        )
+        if phase is None:
+            return value
+        timed = self._self_timed[name] = _TimedMethod(value, phase, self._self_request)
+        return timed
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # transformers tokenizers and plain callables tokenize when called

@@ -55,8 +55,7 @@ def setup_tracing(config: ServerConfig, engine: TinyLLMEngine) -> bool:
         with tt.engine_step(queue_depth=queue_depth, kv_usage=scheduler.cache.usage()) as step:
             for chunk in plan.prefill:
                 step.prefill(chunk.sequence.request_id, chunk.end - chunk.start)
-            for seq in plan.decode:
-                step.decode(seq.request_id)
+            step.decode_many(seq.request_id for seq in plan.decode)
             yield step
 
     scheduler.set_step_context(traced_step)

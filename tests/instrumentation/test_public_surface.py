@@ -24,11 +24,13 @@ HEAVY = (
 )
 MODULES = (
     "_asgi",
+    "_background",
     "_client",
     "_forward",
     "_gpu",
     "_httpx",
     "_openai",
+    "_pending_span",
     "_steps",
     "_tokenizer",
     "_transformers",
@@ -41,7 +43,7 @@ def test_exported_names() -> None:
         "ClientRequest", "EngineStep", "GpuReading", "GpuSampler", "RequestTrace", "Settings",
         "TokentraceMiddleware", "Tracing", "client_request", "configure", "current_request", "engine_step",
         "get_tracing", "instrument_fastapi", "instrument_httpx", "instrument_model", "instrument_openai",
-        "instrument_transformers_generate", "phase", "record_step", "request", "request_from_headers",
+        "instrument_transformers_generate", "phase", "record_step", "record_tokens", "request", "request_from_headers",
         "semconv", "shutdown", "start_gpu_sampler", "traced_request", "uninstrument_fastapi",
         "uninstrument_httpx", "uninstrument_model", "uninstrument_openai",
         "uninstrument_transformers_generate", "wrap_tokenizer",

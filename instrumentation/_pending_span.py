@@ -1,0 +1,228 @@
+"""A request span whose ids exist at once and whose OpenTelemetry span is built later.
+
+Starting an OpenTelemetry span runs a few dozen Python functions (sampler, id
+generator, attribute checks, span processors).  Hot, that is ~10 µs; on a
+serving loop's thread, right after a forward pass has streamed the model's
+weights through the caches, it was measured at ~90 µs, a request start
+costing more than ten decode steps' worth of SDK work.  So a request span is
+*pending* on the host's thread: its trace and span ids are drawn at once (for
+`traceparent`, `attach()` and child spans), what is done to it is recorded,
+and the daemon finisher thread builds the real span with those same ids —
+through `PresetIdGenerator`, the id generator of the provider tokentrace
+configures — and replays what was recorded.
+
+Only where the outcome is certain: with a provider tokentrace made itself
+and OpenTelemetry's default sampler (parent-based, always on).  With the
+host's own provider or another sampler, spans start at once as before.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Tracer
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.util import types
+
+_getrandbits = random.getrandbits
+#: what a span drawn here carries: sampled, and (W3C level 2) a random trace id
+_SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
+#: one lock for all pending spans: what they record is rare (errors, late
+#: attributes) and a lock per request would be made on the hot path
+_ops_lock = threading.Lock()
+
+
+class PresetIdGenerator(RandomIdGenerator):
+    """Random ids, except on a thread that announced the ids of the span it starts next."""
+
+    def __init__(self) -> None:
+        self._preset = threading.local()
+
+    def generate_trace_id(self) -> int:
+        trace_id: int | None = getattr(self._preset, "trace_id", None)
+        if trace_id is None:
+            return super().generate_trace_id()
+        self._preset.trace_id = None
+        return trace_id
+
+    def generate_span_id(self) -> int:
+        span_id: int | None = getattr(self._preset, "span_id", None)
+        if span_id is None:
+            return super().generate_span_id()
+        self._preset.span_id = None
+        return span_id
+
+    def start_span_with_ids(
+        self, tracer: Tracer, trace_id: int, span_id: int, name: str, **kwargs: Any
+    ) -> trace.Span:
+        """Starts a span on this thread whose ids are `trace_id` (unless it has a parent) and `span_id`."""
+        preset = self._preset
+        preset.trace_id, preset.span_id = trace_id, span_id
+        try:
+            return tracer.start_span(name, **kwargs)
+        finally:
+            preset.trace_id = preset.span_id = None
+
+
+class PendingSpan(trace.Span):
+    """Stands in for a request span until the finisher builds it; then forwards to it.
+
+    Everything the OpenTelemetry Span API allows is recorded and replayed on
+    the real span, in order, so `req.span.set_attribute(...)` or
+    `record_exception(...)` on the host's thread behave as on a live span.
+    """
+
+    __slots__ = (
+        "_name",
+        "_attributes",
+        "_parent",
+        "_trace_id",
+        "_span_id",
+        "_flags",
+        "_trace_state",
+        "_start_ns",
+        "_ops",
+        "_real",
+        "_ctx",
+        "_on_end",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        attributes: dict[str, Any],
+        parent: otel_context.Context | None,
+        start_ns: int,
+        on_end: Callable[[], object],
+    ) -> None:
+        self._name = name
+        self._on_end = on_end
+        #: the request's own attribute dict: set_attribute lands here until the build
+        self._attributes = attributes
+        self._parent = parent
+        self._start_ns = start_ns
+        self._trace_id = 0
+        self._trace_state = None
+        self._flags = _SAMPLED_RANDOM
+        if parent is not None:
+            sc = trace.get_current_span(parent).get_span_context()
+            if sc.is_valid:  # a continued trace: its id, its sampling decision, its state
+                self._trace_id = sc.trace_id
+                self._trace_state = sc.trace_state
+                flags = TraceFlags.RANDOM_TRACE_ID if sc.trace_flags.random_trace_id else 0
+                if sc.trace_flags.sampled:
+                    flags |= TraceFlags.SAMPLED
+                self._flags = TraceFlags(flags)
+            else:
+                self._parent = None
+        if not self._trace_id:
+            self._trace_id = _getrandbits(128) or 1
+        self._span_id = _getrandbits(64) or 1
+        self._ops: list[Callable[[trace.Span], object]] | None = None
+        self._real: trace.Span | None = None
+        self._ctx: SpanContext | None = None
+
+    # ---- the finisher's side ------------------------------------------------
+    def build(self, tracer: Tracer, ids: PresetIdGenerator) -> trace.Span:
+        """Starts the real span with the announced ids and replays what was recorded."""
+        with _ops_lock:
+            real = ids.start_span_with_ids(
+                tracer,
+                self._trace_id,
+                self._span_id,
+                self._name,
+                context=self._parent,
+                kind=SpanKind.SERVER,
+                attributes=self._attributes,
+                start_time=self._start_ns,
+            )
+            for op in self._ops or ():
+                op(real)
+            self._ops = None
+            self._real = real
+        return real
+
+    @property
+    def sampled(self) -> bool:
+        return self._flags.sampled
+
+    def _record(self, op: Callable[[trace.Span], object]) -> None:
+        with _ops_lock:
+            real = self._real
+            if real is None:
+                if self._ops is None:
+                    self._ops = []
+                self._ops.append(op)
+                return
+        op(real)
+
+    # ---- the OpenTelemetry Span API -----------------------------------------
+    def get_span_context(self) -> SpanContext:
+        ctx = self._ctx
+        if ctx is None:
+            ctx = self._ctx = SpanContext(
+                self._trace_id,
+                self._span_id,
+                is_remote=False,
+                trace_flags=self._flags,
+                trace_state=self._trace_state,
+            )
+        return ctx
+
+    def is_recording(self) -> bool:
+        real = self._real
+        return self._flags.sampled if real is None else real.is_recording()
+
+    def set_attribute(self, key: str, value: types.AnyValue) -> None:
+        with _ops_lock:
+            if self._real is None:
+                self._attributes[key] = value  # checked by OpenTelemetry at the build
+                return
+        self._real.set_attribute(key, value)
+
+    def set_attributes(self, attributes: Mapping[str, types.AnyValue]) -> None:
+        for key, value in attributes.items():
+            self.set_attribute(key, value)
+
+    def add_event(
+        self, name: str, attributes: types.Attributes = None, timestamp: int | None = None
+    ) -> None:
+        at = time.time_ns() if timestamp is None else timestamp
+        self._record(lambda s: s.add_event(name, attributes, at))
+
+    def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
+        self._record(lambda s: s.add_link(context, attributes))
+
+    def update_name(self, name: str) -> None:
+        with _ops_lock:
+            if self._real is None:
+                self._name = name
+                return
+        self._real.update_name(name)
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        self._record(lambda s: s.set_status(status, description))
+
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: types.Attributes = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
+        at = time.time_ns() if timestamp is None else timestamp
+        self._record(lambda s: s.record_exception(exception, attributes, at, escaped))
+
+    def end(self, end_time: int | None = None) -> None:
+        """Ends the request: the same as its `finish()` (which takes the time itself)."""
+        self._on_end()
+
+    def __repr__(self) -> str:
+        return f"PendingSpan(name={self._name!r}, context={self.get_span_context()!r})"
