@@ -238,10 +238,12 @@ class RequestTrace:
         # phases marked after finish are not this request's any more
         self._phases = []
         self._open = {}
-        if not finisher.offer((self, end_mono, phases)):
-            self._complete(end_mono, phases)  # a full queue: finish here rather than lose it
+        # tokens recorded after the finish are not this request's either
+        n_tokens = len(self._tokens)
+        if not finisher.offer((self, end_mono, phases, n_tokens)):
+            self._complete(end_mono, phases, n_tokens)  # a full queue: here, rather than lose it
 
-    def _complete(self, end_mono: int, phases: list[tuple[str, int, int]]) -> None:
+    def _complete(self, end_mono: int, phases: list[tuple[str, int, int]], n_tokens: int) -> None:
         """Builds the phase spans and the last attributes, and ends the span (the flusher's work)."""
         span = self._span
         if isinstance(span, PendingSpan):
@@ -256,13 +258,14 @@ class RequestTrace:
         try:
             if span.is_recording():
                 self._emit_children(span, phases)
-                if self._tokens:
+                if n_tokens:
                     base = self._start_mono_ns
+                    tokens = self._tokens[:n_tokens]
                     span.set_attribute(
-                        semconv.TOKEN_OFFSETS_US, [(t - base) // 1000 for t in self._tokens]
+                        semconv.TOKEN_OFFSETS_US, [(t - base) // 1000 for t in tokens]
                     )
                     if semconv.OUTPUT_TOKENS not in self._attrs:
-                        span.set_attribute(semconv.OUTPUT_TOKENS, len(self._tokens))
+                        span.set_attribute(semconv.OUTPUT_TOKENS, n_tokens)
                 if self.tally is not None:
                     self._emit_forward(span, self.tally)
                 gpu = gpu_summary(self._start_wall_ns, self._wall(end_mono))
@@ -302,7 +305,7 @@ class RequestTrace:
         self.finish(exc)
 
 
-_Finishing = tuple[RequestTrace, int, list[tuple[str, int, int]]]
+_Finishing = tuple[RequestTrace, int, list[tuple[str, int, int]], int]
 
 
 class RequestFinisher(QueueFlusher[_Finishing]):
@@ -318,8 +321,8 @@ class RequestFinisher(QueueFlusher[_Finishing]):
             items = self._items
             done = 0
             while items:
-                req, end_mono, phases = items.popleft()
-                req._complete(end_mono, phases)
+                req, end_mono, phases, n_tokens = items.popleft()
+                req._complete(end_mono, phases, n_tokens)
                 done += 1
                 if not final:
                     # hand the GIL over: a serving loop back from a GIL-free forward
