@@ -39,6 +39,7 @@ from tokentrace.analyzer.engine_steps import EngineStep
 from tokentrace.analyzer.spans import KIND_SERVER, STATUS_ERROR, Span
 from tokentrace.analyzer.summary import RequestSummary
 from tokentrace.collector.gc_tuning import tune_for_ingest
+from tokentrace.collector.itl_hist import itl_histograms
 from tokentrace.collector.otlp import Rejected, decode_protobuf_partial
 from tokentrace.collector.packed import PackedTrace
 
@@ -55,11 +56,16 @@ _summary_row = attrgetter(*(f.name for f in fields(RequestSummary)))
 _step_row = attrgetter(*(f.name for f in fields(EngineStep)))
 
 #: One trace as it crosses the pipe: trace id, span count, root candidates,
-#: error, pickled span rows, summary rows and engine-step rows (None, None when
-#: summarizing failed in the worker).
+#: error, pickled span rows, summary rows, engine-step rows and the summaries'
+#: ITL histogram counts (the last three None when summarizing failed).
 WireTrace = tuple[
-    str, int, list[str], bool, bytes, list[tuple[Any, ...]] | None, list[tuple[Any, ...]] | None
-]
+    str, int, list[str], bool, bytes, list[tuple[Any, ...]] | None,
+    list[tuple[Any, ...]] | None, list[list[int]] | None,
+]  # fmt: skip
+
+#: The store's ITL bucket bounds, handed to each worker by the collector (the
+#: worker does not import the store, and with it DuckDB).
+_itl_bounds_ms: tuple[float, ...] = ()
 
 
 def decode_export(body: bytes) -> tuple[list[WireTrace], Rejected]:
@@ -76,6 +82,7 @@ def decode_export(body: bytes) -> tuple[list[WireTrace], Rejected]:
         else:
             group.append(span)
     out: list[WireTrace] = []
+    gap_lists: list[list[float]] = []
     for trace_id, group in by_trace.items():
         ids = {s.span_id for s in group}
         # the pipeline's root candidates (see Pipeline.offer); a SERVER span whose
@@ -90,11 +97,18 @@ def decode_export(body: bytes) -> tuple[list[WireTrace], Rejected]:
         try:
             result = summarize_trace(group)
         except Exception:  # noqa: BLE001 - the collector then summarizes it itself, and logs
-            out.append((trace_id, len(group), roots, error, blob, None, None))
+            out.append((trace_id, len(group), roots, error, blob, None, None, None))
             continue
         requests = list(map(_summary_row, result.requests))
         steps = list(map(_step_row, result.engine_steps))
-        out.append((trace_id, len(group), roots, error, blob, requests, steps))
+        gap_lists.extend(r.itl_gaps_ms for r in result.requests)
+        out.append((trace_id, len(group), roots, error, blob, requests, steps, []))
+    if gap_lists and _itl_bounds_ms:
+        # one numpy pass for the export; each trace takes its requests' rows
+        counts = iter(itl_histograms(gap_lists, _itl_bounds_ms))
+        for *_, rows, _, trace_counts in out:
+            if trace_counts is not None and rows:
+                trace_counts.extend(next(counts) for _ in rows)
     return out, rejected
 
 
@@ -106,16 +120,19 @@ def unpack(wire: list[WireTrace]) -> list[PackedTrace]:
             None if requests is None or steps is None else TraceResult(
                 [RequestSummary(*row) for row in requests], [EngineStep(*row) for row in steps]
             ),
+            counts if counts and requests is not None and len(counts) == len(requests) else None,
         )  # fmt: skip
-        for trace_id, count, roots, error, blob, requests, steps in wire
+        for trace_id, count, roots, error, blob, requests, steps, counts in wire
     ]
 
 
-def _init_worker(parent_pid: int) -> None:
+def _init_worker(parent_pid: int, itl_bounds_ms: tuple[float, ...]) -> None:
     """Worker initializer: the collector's GC settings (a decode builds ~10
     containers a span: with the default gen-0 threshold the worker spent ~15 %
     of its time in the cyclic GC), and an exit when the collector dies (a
     kill -9 runs no shutdown), so no orphan keeps its pipes, stdout or memory."""
+    global _itl_bounds_ms
+    _itl_bounds_ms = itl_bounds_ms
     tune_for_ingest()
 
     def watch() -> None:
@@ -129,11 +146,19 @@ def _init_worker(parent_pid: int) -> None:
 class DecodePool:
     """`await pool.decode(body)` gives what `decode_protobuf_partial(body)` gives."""
 
-    def __init__(self, processes: int, min_bytes: int = OFFLOAD_MIN_BYTES) -> None:
+    def __init__(
+        self,
+        processes: int,
+        min_bytes: int = OFFLOAD_MIN_BYTES,
+        itl_bounds_ms: tuple[float, ...] = (),
+    ) -> None:
+        """`itl_bounds_ms`: the store's ITL bucket bounds, for the workers to
+        compute the `itl_hist` counts too (empty: the writer computes them)."""
         if processes < 1:
             raise ValueError("a decode pool needs at least one process")
         self.processes = processes
         self.min_bytes = min_bytes
+        self.itl_bounds_ms = tuple(itl_bounds_ms)
         self._lock = threading.Lock()
         self._executor: ProcessPoolExecutor | None = None
         self._closed = False
@@ -149,7 +174,7 @@ class DecodePool:
                     self.processes,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=_init_worker,
-                    initargs=(os.getpid(),),
+                    initargs=(os.getpid(), self.itl_bounds_ms),
                 )
             return self._executor
 

@@ -31,6 +31,8 @@ class PackedTrace:
     blob: bytes
     #: `summarize_trace` of these spans (None when it failed in the worker)
     pre: TraceResult | None
+    #: the ITL histogram counts of `pre.requests` (None: the writer computes them)
+    itl_counts: list[list[int]] | None = None
 
     def spans(self) -> list[Span]:
         # the blob comes from our own worker process over a private pipe

@@ -301,10 +301,12 @@ class Pipeline:
             waits.observe((now - p.first_seen_ns) / 1e9)
             packed = p.packed
             spans: list[Span] | None
+            itl_counts: list[list[int]] | None = None
             if packed is not None and packed.pre is not None and not p.spans:
                 # only the spans one worker packed and summarized: its summary is
                 # this trace's, and the spans stay packed unless the trace is kept
                 result = packed.pre
+                itl_counts = packed.itl_counts
                 spans = p.all_spans() if rules else None
             else:
                 spans = p.all_spans()
@@ -328,6 +330,7 @@ class Pipeline:
                 r.sample_reason = reason
                 r.sample_weight = weight
             batch.requests.extend(result.requests)
+            batch.itl_counts.extend(itl_counts or [None] * len(result.requests))
             if keep:
                 batch.kept.append(KeptTrace(trace_id, reason, weight, wall, p.all_spans()))
             outcomes[(keep, reason)] = outcomes.get((keep, reason), 0) + 1

@@ -23,6 +23,7 @@ from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.settings import CollectorSettings
 from tokentrace.collector.writer import Writer
 from tokentrace.store.connection import open_db
+from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 
 logger = logging.getLogger("tokentrace.collector")
 
@@ -160,7 +161,11 @@ class CollectorServer:
         self.grpc_port = settings.grpc_port
         self._grpc: Any = None
         self._servers: list[Any] = []
-        self.decoder = DecodePool(settings.decode_processes) if settings.decode_processes else None
+        self.decoder = (
+            DecodePool(settings.decode_processes, itl_bounds_ms=ITL_BUCKET_BOUNDS_MS)
+            if settings.decode_processes
+            else None
+        )
         self._thread: threading.Thread | None = None
         self._restore_gc: Any = None
         self._stopped = False

@@ -13,18 +13,27 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from itertools import chain
 from operator import attrgetter
 from typing import Any
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 
 from tokentrace.analyzer.engine_steps import EngineStep
 from tokentrace.analyzer.spans import Span
 from tokentrace.analyzer.summary import COLUMNS, RequestSummary
+from tokentrace.collector import itl_hist
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
+
+
+def itl_histogram(gaps_ms: Sequence[float]) -> list[int]:
+    """Gives gap counts over `ITL_BUCKET_BOUNDS_MS` (+1 overflow bucket)."""
+    return itl_hist.itl_histogram(gaps_ms, ITL_BUCKET_BOUNDS_MS)
+
+
+def itl_histograms(gap_lists: Sequence[Sequence[float]]) -> list[list[int]]:
+    """`itl_histogram` of many requests at once (one numpy pass)."""
+    return itl_hist.itl_histograms(gap_lists, ITL_BUCKET_BOUNDS_MS)
 
 logger = logging.getLogger("tokentrace.collector")
 
@@ -47,36 +56,14 @@ class WriteBatch:
     late_spans: list[Span] = field(default_factory=list)
     engine_steps: list[EngineStep] = field(default_factory=list)
     gpu_samples: list[dict[str, Any]] = field(default_factory=list)
+    #: ITL histogram counts of `requests[i]` where a decode worker computed them
+    #: (None: compute here); ignored unless as long as `requests`
+    itl_counts: list[list[int] | None] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
             self.requests or self.kept or self.late_spans or self.engine_steps or self.gpu_samples
         )
-
-
-def itl_histogram(gaps_ms: Sequence[float]) -> list[int]:
-    """Gives gap counts over `ITL_BUCKET_BOUNDS_MS` (+1 overflow bucket)."""
-    import bisect
-
-    counts = [0] * (len(ITL_BUCKET_BOUNDS_MS) + 1)
-    for g in gaps_ms:
-        counts[bisect.bisect_left(ITL_BUCKET_BOUNDS_MS, g)] += 1
-    return counts
-
-
-_ITL_BOUNDS = np.asarray(ITL_BUCKET_BOUNDS_MS, dtype=np.float64)
-
-
-def itl_histograms(gap_lists: Sequence[Sequence[float]]) -> list[list[int]]:
-    """`itl_histogram` of many requests at once: one searchsorted + bincount for
-    the whole write instead of a Python `bisect` per gap (~70 gaps a request)."""
-    width = len(ITL_BUCKET_BOUNDS_MS) + 1
-    lengths = np.fromiter(map(len, gap_lists), dtype=np.int64, count=len(gap_lists))
-    gaps = np.fromiter(chain.from_iterable(gap_lists), dtype=np.float64, count=int(lengths.sum()))
-    bucket = np.searchsorted(_ITL_BOUNDS, gaps, side="left")  # = bisect_left
-    row = np.repeat(np.arange(len(gap_lists), dtype=np.int64), lengths)
-    counts = np.bincount(row * width + bucket, minlength=len(gap_lists) * width)
-    return counts.reshape(len(gap_lists), width).tolist()
 
 
 _request_row = attrgetter(*COLUMNS)
@@ -124,6 +111,21 @@ def _span_rows(spans: Sequence[Span]) -> dict[str, list[Any]]:
         "links": [_dumps([asdict(lk) for lk in s.links]) if s.links else "[]" for s in spans],
         "resource": [resource(s) for s in spans],
     }
+
+
+def _itl_counts(items: list[WriteBatch], requests: list[RequestSummary]) -> list[list[int]]:
+    """The ITL histogram of every request: the decode workers' where they sent
+    them, the rest in one numpy pass."""
+    counts: list[list[int] | None] = []
+    for b in items:
+        aligned = len(b.itl_counts) == len(b.requests)
+        counts.extend(b.itl_counts if aligned else [None] * len(b.requests))
+    missing = [i for i, c in enumerate(counts) if c is None]
+    if missing:
+        computed = itl_histograms([requests[i].itl_gaps_ms for i in missing])
+        for i, c in zip(missing, computed, strict=True):
+            counts[i] = c
+    return counts  # type: ignore[return-value]
 
 
 class Writer:
@@ -250,7 +252,7 @@ class Writer:
                         "trace_id": [r.trace_id for r in requests],
                         "request_id": [r.request_id for r in requests],
                         "start_ns": [r.start_ns for r in requests],
-                        "counts": itl_histograms([r.itl_gaps_ms for r in requests]),
+                        "counts": _itl_counts(items, requests),
                     }
                 )
                 conn.register("_new_hist", hist)

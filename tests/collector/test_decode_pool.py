@@ -22,7 +22,9 @@ from tokentrace.collector.decode_pool import OFFLOAD_MIN_BYTES, DecodePool
 from tokentrace.collector.otlp import decode_protobuf_partial
 from tokentrace.collector.packed import PackedTrace, span_count
 from tokentrace.collector.sampling import Sampler
+from tokentrace.collector.writer import itl_histogram
 from tokentrace.store.connection import open_db
+from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 
 PB = {"Content-Type": "application/x-protobuf"}
 
@@ -46,7 +48,7 @@ def _decode(pool: DecodePool, body: bytes) -> Any:
 def test_worker_gives_the_in_process_spans_and_summaries() -> None:
     spans = _export_spans()
     body = to_protobuf(spans).SerializeToString()
-    pool = DecodePool(1, min_bytes=0)
+    pool = DecodePool(1, min_bytes=0, itl_bounds_ms=ITL_BUCKET_BOUNDS_MS)
     try:
         packed, rejected = _decode(pool, body)
     finally:
@@ -63,6 +65,7 @@ def test_worker_gives_the_in_process_spans_and_summaries() -> None:
         group = by_trace[t.trace_id]
         assert t.spans() == group
         assert t.pre == summarize_trace(group)
+        assert t.itl_counts == [itl_histogram(r.itl_gaps_ms) for r in t.pre.requests]
         assert t.error == any(s.status_code == 2 for s in group)
         ids = {s.span_id for s in group}
         assert t.roots == [
@@ -100,7 +103,7 @@ def test_packed_and_in_process_paths_store_the_same_rows(make_rig: Any, clock: A
     split = request_trace(tokens=50)
     first, second = [*spans, *split[:3]], split[3:]
     bodies = [to_protobuf(first).SerializeToString(), to_protobuf(second).SerializeToString()]
-    pool = DecodePool(1, min_bytes=0)
+    pool = DecodePool(1, min_bytes=0, itl_bounds_ms=ITL_BUCKET_BOUNDS_MS)
     try:
         packed = [_decode(pool, b)[0] for b in bodies]
     finally:
