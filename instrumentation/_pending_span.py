@@ -38,6 +38,10 @@ _SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
 _ops_lock = threading.Lock()
 
 
+def _nothing() -> None:
+    pass
+
+
 class PresetIdGenerator(RandomIdGenerator):
     """Random ids, except on a thread that announced the ids of the span it starts next."""
 
@@ -147,6 +151,10 @@ class PendingSpan(trace.Span):
             self._ops = None
             self._real = real
         return real
+
+    def release(self) -> None:
+        """Forgets the request (its `finish`): a span never built must not keep a cycle alive."""
+        self._on_end = _nothing
 
     @property
     def sampled(self) -> bool:

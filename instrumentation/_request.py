@@ -249,7 +249,8 @@ class RequestTrace:
         if isinstance(span, PendingSpan):
             ids = self._tracing.pending_ids
             if ids is None or not span.sampled:
-                return  # an unsampled caller's trace: OpenTelemetry would record nothing either
+                span.release()  # an unsampled caller's trace: OpenTelemetry would record nothing
+                return
             try:
                 span = self._span = span.build(self._tracing.tracer, ids)
             except Exception as exc:  # the SDK's own failure must never reach the host
