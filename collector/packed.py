@@ -5,7 +5,9 @@ trace's summary (computed by the worker), whether a span failed, and which
 spans may be its root.  Their spans stay one pickled blob until something needs
 them (the trace is kept, more of its spans arrive, an attribute rule looks at
 them), so the GIL-bound collector process never builds ~95 % of the `Span`
-objects, and the tail buffer holds ~1 KB a trace instead of ~7 KB.
+objects.  Memory is about the same: a benchmark trace weighs ~6.3 KB packed
+(the blob ~1.1 KB, the precomputed summary with its ITL gaps the rest)
+against ~7.2 KB as `Span` objects.
 """
 
 from __future__ import annotations
