@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import httpx  # noqa: E402
-from bench_collector import free_port, metric, peak_rss_mb, run, start_serve  # noqa: E402
+from bench_collector import children, free_port, metric, peak_rss_mb, run, start_serve  # noqa: E402
 from otlp_load import SPANS_PER_TRACE, build_payloads, send  # noqa: E402
 
 from tokentrace.store.connection import open_read_only  # noqa: E402
@@ -47,6 +47,7 @@ def main() -> int:
                         seconds=args.minutes * 60, rate=rate, workers=2)  # fmt: skip
             text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
             rss = peak_rss_mb(proc.pid)
+            workers_rss = sum(peak_rss_mb(c) for c in children(proc.pid))
             elapsed = time.monotonic() - t0
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -60,7 +61,7 @@ def main() -> int:
           f"({accepted_traces} requests), {load.retries} 503s retried, {len(load.errors)} errors")  # fmt: skip
     print(f"stored {stored} request summaries; lost {lost}; "
           f"evicted early {metric(text, 'tokentrace_traces_evicted_early_total'):.0f}; "
-          f"peak RSS {rss:.0f} MiB")  # fmt: skip
+          f"peak RSS {rss:.0f} MiB + decode workers {workers_rss:.0f} MiB")  # fmt: skip
     print("OK: zero accepted spans lost" if lost == 0 else "FAIL: accepted spans were lost")
     return 0 if lost == 0 and not load.errors else 1
 
