@@ -46,6 +46,9 @@ class TokenizerProxy(wrapt.ObjectProxy):  # type: ignore[misc]
 
     Sync code is timed directly; in async code the calls are sync too (tokenizers
     do not await), and the phase lands on the request current in that task.
+    `encode` and `decode` are methods of the proxy itself (a request's usual
+    two calls go straight to the tokenizer); the other timed names are made
+    once, on first use.
     """
 
     def __init__(self, wrapped: Any, request: RequestTrace | None = None) -> None:
@@ -53,6 +56,12 @@ class TokenizerProxy(wrapt.ObjectProxy):  # type: ignore[misc]
         self._self_request = request
         #: timed methods made once: a proxy per call cost more than the tokenizer's own work
         self._self_timed: dict[str, _TimedMethod] = {}
+
+    def encode(self, *args: Any, **kwargs: Any) -> Any:
+        return _timed_call("tokenize", self.__wrapped__.encode, self._self_request, args, kwargs)
+
+    def decode(self, *args: Any, **kwargs: Any) -> Any:
+        return _timed_call("detokenize", self.__wrapped__.decode, self._self_request, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         timed = self._self_timed.get(name)
