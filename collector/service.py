@@ -34,7 +34,11 @@ class Collector:
     def __init__(self, settings: CollectorSettings) -> None:
         self.settings = settings
         self.metrics = CollectorMetrics()
-        self.conn = open_db(settings.db, memory_limit=settings.duckdb_memory_limit)
+        self.conn = open_db(
+            settings.db,
+            memory_limit=settings.duckdb_memory_limit,
+            checkpoint_threshold=settings.duckdb_checkpoint_threshold,
+        )
         self.writer = Writer(
             self.conn,
             max_pending=settings.max_pending_writes,

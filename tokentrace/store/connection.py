@@ -31,18 +31,26 @@ def resolve_db_path(explicit: str | os.PathLike[str] | None = None) -> Path:
 
 
 def open_db(
-    path: str | os.PathLike[str] | None = None, *, memory_limit: str | None = None
+    path: str | os.PathLike[str] | None = None,
+    *,
+    memory_limit: str | None = None,
+    checkpoint_threshold: str | None = None,
 ) -> duckdb.DuckDBPyConnection:
     """Opens (creating and migrating) the database for writing.
 
     `memory_limit` (DuckDB syntax: "256MB", "2GB") → $TOKENTRACE_DUCKDB_MEMORY_LIMIT
-    → `DEFAULT_MEMORY_LIMIT` bounds DuckDB's share of the process's memory."""
+    → `DEFAULT_MEMORY_LIMIT` bounds DuckDB's share of the process's memory.
+    `checkpoint_threshold` (same syntax; DuckDB's default when None) is the
+    write-ahead log size at which DuckDB checkpoints."""
     db_path = resolve_db_path(path)
     limit = memory_limit or os.environ.get(MEMORY_LIMIT_ENV) or DEFAULT_MEMORY_LIMIT
+    config: dict[str, str | bool | int | float | list[str]] = {"memory_limit": limit}
+    if checkpoint_threshold:
+        config["checkpoint_threshold"] = checkpoint_threshold
     try:
-        conn = duckdb.connect(str(db_path), config={"memory_limit": limit})
+        conn = duckdb.connect(str(db_path), config=config)
     except duckdb.Error as exc:
-        raise StoreError(f"cannot open {db_path} (memory_limit {limit!r}): {exc}") from exc
+        raise StoreError(f"cannot open {db_path} ({config}): {exc}") from exc
     migrate(conn)
     return conn
 
