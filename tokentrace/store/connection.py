@@ -50,7 +50,8 @@ def open_db(
     try:
         conn = duckdb.connect(str(db_path), config=config)
     except duckdb.Error as exc:
-        raise StoreError(f"cannot open {db_path} ({config}): {exc}") from exc
+        given = ", ".join(f"{key} {value!r}" for key, value in config.items())
+        raise StoreError(f"cannot open {db_path} ({given}): {exc}") from exc
     migrate(conn)
     return conn
 
