@@ -320,8 +320,9 @@ def main() -> None:
         print(
             "  queue/prefill/decode phases, 64 tokens, 64 engine steps with a timed forward each)"
         )
-        print(f"  {full / 1000:8.1f} µs per request  ({full / 64 / 1000:.2f} µs per token incl. its step; "
-              f"token appends alone {per_token_part / 1000:.1f} µs)")  # fmt: skip
+        print(f"  {full / 1000:8.1f} µs per request on the caller's thread ({full / 64 / 1000:.2f} µs per token "
+              f"incl. its step; the 64 token appends {per_token_part / 1000:.1f} µs of it);")  # fmt: skip
+        print("  its spans are built and exported by the SDK's daemon threads, beside it")
         d = bench_decode()
         print("tiny torch decode loop: continuous batching, 8 slots, 128-token requests, 1024 steps per run")
         print("  (CPU, 1 torch thread; each step: engine_step(decode=ids), instrumented forward,")
