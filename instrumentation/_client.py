@@ -16,6 +16,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._config import get_tracing
+from tokentrace.instrumentation._request import add_identity
 from tokentrace.instrumentation._safety import log_once
 
 _propagator = TraceContextTextMapPropagator()
@@ -35,15 +36,7 @@ class ClientRequest:
         name: str = semconv.SPAN_CLIENT,
         attributes: Mapping[str, Any] | None = None,
     ) -> None:
-        attrs: dict[str, Any] = {}
-        if model:
-            attrs[semconv.REQUEST_MODEL] = model
-        if tenant:
-            attrs[semconv.TENANT] = tenant
-        if traffic_class:
-            attrs[semconv.TRAFFIC_CLASS] = traffic_class
-        if attributes:
-            attrs.update(attributes)
+        attrs = add_identity({}, model, tenant, traffic_class, attributes)
         self._chunks: list[int] = []
         self._finished = False
         self._ctx: Any = None

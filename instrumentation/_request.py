@@ -84,6 +84,25 @@ def _new_request_id() -> str:
     return _prefix + str(next(_ids))
 
 
+def add_identity(
+    attrs: dict[str, Any],
+    model: str | None,
+    tenant: str | None,
+    traffic_class: str | None,
+    extra: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """Adds who and what a call is for (DESIGN.md §3) to `attrs`, then `extra`; gives `attrs`."""
+    if model:
+        attrs[semconv.REQUEST_MODEL] = model
+    if tenant:
+        attrs[semconv.TENANT] = tenant
+    if traffic_class:
+        attrs[semconv.TRAFFIC_CLASS] = traffic_class
+    if extra:
+        attrs.update(extra)
+    return attrs
+
+
 class RequestTrace:
     """One request's span, phases and token times.
 
@@ -160,14 +179,8 @@ class RequestTrace:
                     attrs = {semconv.REQUEST_ID: self.request_id}
                     if cold:
                         attrs[semconv.COLD_START] = True
-                    if model:
-                        attrs[semconv.REQUEST_MODEL] = model
-                    if tenant:
-                        attrs[semconv.TENANT] = tenant
-                    attrs[semconv.TRAFFIC_CLASS] = traffic_class or semconv.TRAFFIC_INTERACTIVE
-                    if extra:
-                        attrs.update(extra)
-                    self._attrs = attrs
+                    who = traffic_class or semconv.TRAFFIC_INTERACTIVE
+                    self._attrs = attrs = add_identity(attrs, model, tenant, who, extra)
         return attrs
 
     # ---- hot path ---------------------------------------------------------
