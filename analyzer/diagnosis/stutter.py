@@ -51,7 +51,11 @@ def detect(ctx: Context) -> Finding | None:
     steps = ctx.one("diag_step_prefill", [lo, hi])
     linked = False
     if steps.get("steps"):
-        large = max(MIN_LARGE_PREFILL_TOKENS, int(steps["p90"] or 0))
+        # large: the window's p90 prefill, or half its biggest when that is lower (with a
+        # few big prompts the p90 lands on the very biggest, and a 1,200-token prefill that
+        # froze streams for 200 ms would count as smooth beside a 2,000-token one)
+        top = int(steps["p90"] or 0)
+        large = max(MIN_LARGE_PREFILL_TOKENS, min(top, int(steps["max"] or 0) // 2) or top)
         rows = {x["stalled"]: x for x in ctx.query("diag_stutter_steps", [large, lo, hi])}
         s, smooth = rows.get(True), rows.get(False)
         if s and smooth and s["n"] and smooth["n"]:

@@ -63,3 +63,13 @@ def test_one_tenants_bursts_are_not_peak_hours(write_workload) -> None:  # type:
     # the busiest slices are megacorp's bursts, not everyone's busy hour
     assert "peak_hours" not in found, found
     assert found and found[0] == "big_tenants_slower", found
+
+
+def test_stutter_beside_prefills_below_the_biggest(write_workload) -> None:  # type: ignore[no-untyped-def]
+    w = workloads.stutter_few_giants()
+    findings = build_report(write_workload(w))["findings"]
+    assert findings and findings[0]["complaint"] == "stutter", findings
+    linked = findings[0]["evidence"][1]
+    # the 1,200-token prefills count as large: half the biggest, below the p90 (2,000)
+    assert linked["large_prefill_tokens"] == 1000
+    assert linked["stalled_with_large_prefill"] > linked["smooth_with_large_prefill"] + 0.15

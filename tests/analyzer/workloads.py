@@ -418,3 +418,31 @@ def tenant_bursts(seed: int = 17) -> Workload:
           slots_of=lambda r: "heavy" if r.tenant == "megacorp" else "light")
     reqs = light + heavy
     return Workload(summarize(rng, reqs), raw=reqs)
+
+
+def stutter_few_giants(seed: int = 18) -> Workload:
+    """Stutter from prefills of mixed sizes: most are ~1,200 tokens, a few 2,000.
+
+    With only big prefill steps the window's p90 is the very biggest, so a
+    detector counting only prefills at the p90 as large sees most freezes
+    beside "small" ones (seen in the demo's stutter scenario, quick mode).
+    The freezes (~150 ms) are short of what counts as severe without a cause.
+    """
+    rng = random.Random(seed)
+    reqs = _base(rng, 600, lambda t: 1.5, output=150)
+    serve(rng, reqs, Server(slots=16))
+    steps: list[EngineStep] = []
+    sizes = [1200] * 40 + [2000] * 6
+    big = sorted((T0_NS + int(rng.uniform(0, 600) * S), size) for size in sizes)
+    for b, size in big:
+        steps.append(EngineStep("llm", "i0", b, 150_000, size, 12, 13, 2, 0.5, None, []))
+    for t in range(0, 600, 2):
+        steps.append(EngineStep("llm", "i0", T0_NS + t * S, 20_000, 0, 12, 12, 1, 0.4, None, []))
+    for r in reqs:
+        d0 = r.arrival_ns + int((r.tokenize_ms + r.queue_ms + r.prefill_ms) * NS_PER_MS)
+        t = d0
+        for i, g in enumerate(r.gaps_ms):
+            if any(t <= b < t + int(g * NS_PER_MS) + 150 * 10**6 for b, _ in big):
+                r.gaps_ms[i] = g + 150.0 * rng.uniform(0.8, 1.2)
+            t += int(r.gaps_ms[i] * NS_PER_MS)
+    return Workload(summarize(rng, reqs), engine_steps=steps, raw=reqs)
