@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from typing import Generic, TypeVar
@@ -17,6 +18,13 @@ from typing import Generic, TypeVar
 from tokentrace.instrumentation._safety import log_once
 
 _T = TypeVar("_T")
+
+
+def yield_gil() -> None:
+    """Hands the GIL to a thread waiting for it (a serving loop back from a GIL-free
+    forward would otherwise wait for a flusher's whole batch, up to the 5 ms switch
+    interval at a time): sleeping releases it."""
+    time.sleep(0)
 _live: weakref.WeakSet[QueueFlusher[object]] = weakref.WeakSet()
 
 
@@ -67,9 +75,6 @@ class QueueFlusher(Generic[_T]):
             # when the flusher lags; the interval catches anything left above
             self._wake.set()
         return True
-
-    def __len__(self) -> int:
-        return len(self._items)
 
     # ---- flusher ----------------------------------------------------------
     def flush(self, final: bool = True) -> int:

@@ -48,19 +48,19 @@ class PresetIdGenerator(RandomIdGenerator):
     def __init__(self) -> None:
         self._preset = threading.local()
 
+    def _take(self, which: str) -> int | None:
+        announced: int | None = getattr(self._preset, which, None)
+        if announced is not None:
+            setattr(self._preset, which, None)
+        return announced
+
     def generate_trace_id(self) -> int:
-        trace_id: int | None = getattr(self._preset, "trace_id", None)
-        if trace_id is None:
-            return super().generate_trace_id()
-        self._preset.trace_id = None
-        return trace_id
+        announced = self._take("trace_id")
+        return super().generate_trace_id() if announced is None else announced
 
     def generate_span_id(self) -> int:
-        span_id: int | None = getattr(self._preset, "span_id", None)
-        if span_id is None:
-            return super().generate_span_id()
-        self._preset.span_id = None
-        return span_id
+        announced = self._take("span_id")
+        return super().generate_span_id() if announced is None else announced
 
     def start_span_with_ids(
         self, tracer: Tracer, trace_id: int, span_id: int, name: str, **kwargs: Any

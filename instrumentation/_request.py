@@ -30,7 +30,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from tokentrace.instrumentation import _cold_start as cold_start
 from tokentrace.instrumentation import semconv
-from tokentrace.instrumentation._background import QueueFlusher
+from tokentrace.instrumentation._background import QueueFlusher, yield_gil
 from tokentrace.instrumentation._config import add_flush_hook, get_tracing
 from tokentrace.instrumentation._forward import poll_device_timings
 from tokentrace.instrumentation._gpu import gpu_summary
@@ -47,10 +47,6 @@ _ids = itertools.count(1)
 _monotonic_ns = time.monotonic_ns  # bound once: token() is the hottest call in the SDK
 #: guards making a request's attribute dict and span on first use (host or finisher)
 _lazy_lock = threading.Lock()
-
-
-def _yield_gil() -> None:
-    time.sleep(0)  # releases the GIL; a thread waiting for it takes it now
 
 
 #: How long a finished request waits, at most, for its spans to be built off the host's thread.
@@ -368,10 +364,7 @@ class RequestFinisher(QueueFlusher[_Finishing]):
                 req._complete(end_mono, phases, n_tokens)
                 done += 1
                 if not final:
-                    # hand the GIL over: a serving loop back from a GIL-free forward
-                    # would otherwise wait for this whole batch (up to the 5 ms switch
-                    # interval at a time), a stall every flush
-                    _yield_gil()
+                    yield_gil()
             return done
 
 
