@@ -25,6 +25,8 @@ def yield_gil() -> None:
     forward would otherwise wait for a flusher's whole batch, up to the 5 ms switch
     interval at a time): sleeping releases it."""
     time.sleep(0)
+
+
 _live: weakref.WeakSet[QueueFlusher[object]] = weakref.WeakSet()
 
 

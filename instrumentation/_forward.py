@@ -93,8 +93,8 @@ class DeviceTimer:
             for _ in range(len(self._inflight)):
                 start, end, tally = self._inflight.popleft()
                 if start.query() and end.query():
-                    tally.device_ns += int(start.elapsed_time(end) * 1_000_000)
-                    tally.resolved += 1
+                    tally.fwd_device_ns += int(start.elapsed_time(end) * 1_000_000)
+                    tally.fwd_resolved += 1
                     self._free.append((start, end))
                     resolved += 1
                 else:
@@ -154,16 +154,11 @@ def _make_timed(fn: Callable[..., Any], on_cuda: Callable[[], bool]) -> Callable
     def timed(*args: Any, **kwargs: Any) -> Any:
         try:
             # the engine step, else the request, running in this context owns the
-            # time (inline: every Python call costs ~1 µs right after a forward)
+            # time and is its tally (inline: every Python call costs ~1 µs right
+            # after a forward)
             if not _owner_getters:
                 _bind_owner_getters()
-            owner: Any = _owner_getters[0]() or _owner_getters[1]()
-            if owner is None:
-                tally = None
-            else:
-                tally = owner.tally
-                if tally is None:
-                    tally = owner.tally = DeviceTally()
+            tally: DeviceTally | None = _owner_getters[0]() or _owner_getters[1]()
             pair = None
             if tally is not None:
                 nonlocal checks_left, cuda
@@ -189,11 +184,11 @@ def _make_timed(fn: Callable[..., Any], on_cuda: Callable[[], bool]) -> Callable
         finally:
             host = perf() - t0
             try:
-                tally.count += 1
-                tally.host_ns += host
+                tally.fwd_count += 1
+                tally.fwd_host_ns += host
                 if pair is not None:
                     pair[1].record(stream)
-                    tally.launched += 1
+                    tally.fwd_launched += 1
                     timer.submit(pair[0], pair[1], tally)
             except Exception as exc:
                 log_once("forward timing (end)", exc)

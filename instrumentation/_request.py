@@ -99,12 +99,13 @@ def add_identity(
     return attrs
 
 
-class RequestTrace:
+class RequestTrace(DeviceTally):
     """One request's span, phases and token times.
 
     Use `request()` to make one.  All times are taken from one monotonic clock
     and anchored to the wall clock once, at the start, so durations are exact
-    and phases recorded on other threads line up.
+    and phases recorded on other threads line up.  It is the tally of forward
+    passes run for it outside an engine step (`instrument_model`).
     """
 
     __slots__ = (
@@ -121,7 +122,6 @@ class RequestTrace:
         "_raw",
         "_parent",
         "_tracing",
-        "tally",
     )
 
     def __init__(
@@ -143,8 +143,10 @@ class RequestTrace:
         self._open: dict[str, int] = {}
         self._finished = False
         self._ctx_token: contextvars.Token[RequestTrace | None] | None = None
-        #: forward passes run for this request (set by `instrument_model`)
-        self.tally: DeviceTally | None = None
+        # forward passes run for this request (`instrument_model` adds to them);
+        # set here, not by super().__init__(): one Python call less on the hot path
+        self.fwd_count = self.fwd_launched = self.fwd_host_ns = 0
+        self.fwd_resolved = self.fwd_device_ns = 0
         tracing = get_tracing()
         self._tracing = tracing
         settings = tracing.settings
@@ -305,8 +307,8 @@ class RequestTrace:
                     )
                     if semconv.OUTPUT_TOKENS not in self._attributes():
                         span.set_attribute(semconv.OUTPUT_TOKENS, n_tokens)
-                if self.tally is not None:
-                    self._emit_forward(span, self.tally)
+                if self.fwd_count:
+                    self._emit_forward(span, self)
                 gpu = gpu_summary(self._start_wall_ns, self._wall(end_mono))
                 if gpu:
                     span.set_attributes(gpu)
@@ -317,12 +319,12 @@ class RequestTrace:
 
     @staticmethod
     def _emit_forward(span: trace.Span, tally: DeviceTally) -> None:
-        if not tally.complete:
+        if not tally.fwd_complete:
             poll_device_timings()  # non-blocking: resolves CUDA events that are done
-        span.set_attribute(semconv.FORWARD_COUNT, tally.count)
-        span.set_attribute(semconv.FORWARD_HOST_US, tally.host_ns // 1000)
-        if tally.complete and tally.launched:
-            span.set_attribute(semconv.FORWARD_GPU_US, tally.device_ns // 1000)
+        span.set_attribute(semconv.FORWARD_COUNT, tally.fwd_count)
+        span.set_attribute(semconv.FORWARD_HOST_US, tally.fwd_host_ns // 1000)
+        if tally.fwd_complete and tally.fwd_launched:
+            span.set_attribute(semconv.FORWARD_GPU_US, tally.fwd_device_ns // 1000)
 
     def _emit_children(self, span: trace.Span, phases: list[tuple[str, int, int]]) -> None:
         tracer = self._tracing.tracer

@@ -35,8 +35,9 @@ FLUSH_INTERVAL_S = 1.0
 DEVICE_WAIT_NS = 2_000_000_000
 
 # (start_ns, end_ns, prefill_tokens, decode_seqs, batch_size, queue_depth,
-#  request_ids, kv_usage, gpu_us, tally).  An `EngineStep` appends its raw
-# request-id list (batch_size 0, kv_usage possibly None): de-duplicating,
+#  request_ids, kv_usage, gpu_us, tally), from `record_step`.  An `EngineStep`
+# is queued itself and read by the flusher (`EngineStep.record`): its raw
+# request-id list (batch_size 0, kv_usage possibly None); de-duplicating,
 # joining and converting are the flusher's work, not the scheduler's.
 _StepRecord = tuple[
     int, int, int, int, int, int, str | list[str], float | None, int, DeviceTally | None
@@ -48,8 +49,12 @@ _current_step: contextvars.ContextVar[EngineStep | None] = contextvars.ContextVa
 )
 
 
-class StepRecorder(QueueFlusher[_StepRecord]):
-    """The bounded step buffer (the oldest steps go first) and its daemon flusher thread."""
+class StepRecorder(QueueFlusher["_StepRecord | EngineStep"]):
+    """The bounded step buffer (the oldest steps go first) and its daemon flusher thread.
+
+    It holds `EngineStep` objects as they exited (the record is read from them
+    here, not built on the scheduler's thread) and `record_step` tuples.
+    """
 
     def __init__(
         self, flush_interval_s: float = FLUSH_INTERVAL_S, max_pending: int = MAX_PENDING_STEPS
@@ -63,7 +68,7 @@ class StepRecorder(QueueFlusher[_StepRecord]):
         )
         self.emitted_spans = 0
 
-    #: the hot path: one tuple queued (a step is never refused: the oldest make room)
+    #: the hot path: one step queued (a step is never refused: the oldest make room)
     append = QueueFlusher.offer
 
     def flush(self, final: bool = True) -> int:
@@ -79,15 +84,16 @@ class StepRecorder(QueueFlusher[_StepRecord]):
             batch: list[_StepRecord] = []
             now = time.time_ns()
             while self._items:
-                rec = self._items.popleft()
+                item = self._items.popleft()
+                rec = item.record() if isinstance(item, EngineStep) else item
                 tally = rec[9]
                 if (
                     not final
                     and tally is not None
-                    and not tally.complete
+                    and not tally.fwd_complete
                     and now - rec[1] < DEVICE_WAIT_NS
                 ):
-                    self._items.appendleft(rec)  # keep order: later steps wait too
+                    self._items.appendleft(item)  # keep order: later steps wait too
                     break
                 batch.append(rec)
             for i in range(0, len(batch), MAX_STEPS_PER_SPAN):
@@ -115,10 +121,10 @@ class StepRecorder(QueueFlusher[_StepRecord]):
                 request_ids.append(ids)
             kv_usage.append(_kv(rec[7]))
             tally = rec[9]
-            if tally is not None and tally.count:
-                fwd_host_us.append(tally.host_ns // 1000)
-                known = tally.launched and tally.complete
-                gpu_us.append(tally.device_ns // 1000 if known else rec[8])
+            if tally is not None:
+                fwd_host_us.append(tally.fwd_host_ns // 1000)
+                known = tally.fwd_launched and tally.fwd_complete
+                gpu_us.append(tally.fwd_device_ns // 1000 if known else rec[8])
             else:
                 fwd_host_us.append(-1)
                 gpu_us.append(rec[8])
@@ -164,8 +170,11 @@ recorder = StepRecorder()
 add_flush_hook(lambda: recorder.flush())  # late-bound: tests swap the recorder
 
 
-class EngineStep:
-    """One scheduler iteration: use as a context manager around the step's work."""
+class EngineStep(DeviceTally):
+    """One scheduler iteration: use as a context manager around the step's work.
+
+    It is the tally of the forward passes run inside it (`instrument_model`).
+    """
 
     __slots__ = (
         "queue_depth",
@@ -173,8 +182,8 @@ class EngineStep:
         "prefill_tokens",
         "prefill_seqs",
         "request_ids",
-        "tally",
         "start_ns",
+        "end_ns",
         "_ctx_token",
     )
 
@@ -192,9 +201,11 @@ class EngineStep:
         #: `decode`: the ids of the requests decoding one token in this step, given
         #: at once (a scheduler has that list): no call per request on the hot path
         self.request_ids: list[str] = list(decode)
-        #: forward passes run inside this step (set by `instrument_model`)
-        self.tally: DeviceTally | None = None
-        self.start_ns = 0
+        # the forward passes run inside this step (`instrument_model` adds to them);
+        # set here, not by super().__init__(): one Python call less on the hot path
+        self.fwd_count = self.fwd_launched = self.fwd_host_ns = 0
+        self.fwd_resolved = self.fwd_device_ns = 0
+        self.start_ns = self.end_ns = 0
         self._ctx_token: contextvars.Token[EngineStep | None] | None = None
 
     def prefill(self, request_id: str, tokens: int) -> None:
@@ -217,16 +228,26 @@ class EngineStep:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        # Hot path: one tuple appended; the flusher de-duplicates and joins the ids.
-        end_ns = _time_ns()
+        # Hot path: the step itself is queued; the flusher reads its record
+        # (`record`), de-duplicates and joins the ids.
+        self.end_ns = _time_ns()
         token = self._ctx_token
         if token is not None:
             _current_step.reset(token)
             self._ctx_token = None
+        r = recorder
+        items = r._items
+        if r._thread is not None and len(items) < r._wake_at:
+            items.append(self)  # the common case, inline: a call costs ~1 µs after a forward
+        else:
+            r.append(self)  # start the flusher, wake it, or make room
+
+    def record(self) -> _StepRecord:
+        """Gives this step's record, as the flusher reads it once the step has exited."""
         ids = self.request_ids
-        rec: _StepRecord = (
+        return (
             self.start_ns,
-            end_ns,
+            self.end_ns,
             self.prefill_tokens,
             len(ids) - self.prefill_seqs,
             0,
@@ -234,14 +255,8 @@ class EngineStep:
             ids,
             self.kv_usage,
             -1,
-            self.tally,
+            self if self.fwd_count else None,
         )
-        r = recorder
-        items = r._items
-        if r._thread is not None and len(items) < r._wake_at:
-            items.append(rec)  # the common case, inline: a call costs ~1 µs after a forward
-        else:
-            r.append(rec)  # start the flusher, wake it, or make room
 
 
 #: `with tt.engine_step(queue_depth=..., kv_usage=..., decode=ids) as step:`

@@ -6,21 +6,21 @@ from __future__ import annotations
 class DeviceTally:
     """Sums host and device time of the forward passes that ran for one owner.
 
-    `count`, `host_ns` and `launched` (forwards timed with CUDA events) are
-    written only by the thread running the model, `resolved` and `device_ns`
+    The owners (an engine step, a request) are tallies themselves: a forward
+    adds to the object already at hand, with no tally to make per step.
+    `fwd_count`, `fwd_host_ns` and `fwd_launched` (forwards timed with CUDA events) are
+    written only by the thread running the model, `fwd_resolved` and `fwd_device_ns`
     only by the timing worker: no lock is needed, and the owner knows its
     device time is complete when both counts agree.
     """
 
-    __slots__ = ("count", "host_ns", "launched", "resolved", "device_ns")
+    __slots__ = ("fwd_count", "fwd_host_ns", "fwd_launched", "fwd_resolved", "fwd_device_ns")
 
     def __init__(self) -> None:
-        self.count = 0
-        self.launched = 0
-        self.host_ns = 0
-        self.resolved = 0
-        self.device_ns = 0
+        self.fwd_count = self.fwd_launched = self.fwd_host_ns = 0
+        self.fwd_resolved = self.fwd_device_ns = 0
 
     @property
-    def complete(self) -> bool:
-        return self.resolved >= self.launched
+    def fwd_complete(self) -> bool:
+        """Whether every CUDA-timed forward's device time has been read."""
+        return self.fwd_resolved >= self.fwd_launched

@@ -45,6 +45,7 @@ def test_steps_become_one_root_span_the_analyzer_unpacks(memory_sdk) -> None:  #
     assert span.context.trace_id != req.context.trace_id
     assert span.resource.attributes["service.name"] == "sdk-test"
     assert span.attributes[sc.STEP_COUNT] == 3
+    assert list(span.attributes[sc.STEP_FORWARD_HOST_US]) == [-1, -1, -1]  # no timed forward ran
 
     steps = extract_engine_steps(decode_protobuf(memory_sdk.otlp_bytes()))
     assert len(steps) == 3
