@@ -48,7 +48,8 @@ def detect(ctx: Context) -> Finding | None:
     ]
     strength = (frac - MIN_STALLED_FRACTION) / 0.1
     lo, hi = ctx.time_bounds
-    steps = ctx.one("diag_step_prefill", [lo, hi])
+    svc = ctx.filters.service
+    steps = ctx.one("diag_step_prefill", [lo, hi, svc, svc])
     linked = False
     if steps.get("steps"):
         # large: the window's p90 prefill, or half its biggest when that is lower (with a

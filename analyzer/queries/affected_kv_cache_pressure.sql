@@ -1,7 +1,9 @@
--- Requests arriving in slices (? ns) where KV usage reached ? (steps in [?, ?]), most queued first.
+-- Requests arriving in slices (? ns) where their own engine's (service and instance) KV
+-- usage reached ? (steps in [?, ?]), most queued first.
 WITH hot AS (
-    SELECT DISTINCT start_ns // ? AS slice FROM engine_steps
+    SELECT DISTINCT service, instance, start_ns // ? AS slice FROM engine_steps
     WHERE kv_usage >= ? AND start_ns BETWEEN ? AND ?
 )
-SELECT trace_id, kept FROM req SEMI JOIN hot ON req.start_ns // ? = hot.slice
+SELECT trace_id, kept FROM req SEMI JOIN hot
+    ON req.service = hot.service AND req.instance = hot.instance AND req.start_ns // ? = hot.slice
 ORDER BY queue_ms DESC, e2e_ms DESC LIMIT 5000

@@ -73,3 +73,20 @@ def test_stutter_beside_prefills_below_the_biggest(write_workload) -> None:  # t
     # the 1,200-token prefills count as large: half the biggest, below the p90 (2,000)
     assert linked["large_prefill_tokens"] == 1000
     assert linked["stalled_with_large_prefill"] > linked["smooth_with_large_prefill"] + 0.15
+
+
+def test_another_replicas_prefills_explain_no_stalls(write_workload) -> None:  # type: ignore[no-untyped-def]
+    # engine steps were joined to streams by time only: i1's prefills "explained" i0's
+    # mild freezes, and the evidence said "in the same engine"
+    findings = build_report(write_workload(workloads.prefills_on_another_replica()))["findings"]
+    assert not any(f["complaint"] == "stutter" for f in findings), findings
+
+
+def test_kv_pressure_names_only_its_own_replicas_requests(write_workload) -> None:  # type: ignore[no-untyped-def]
+    # requests were matched to the full KV cache by time only, whichever replica served them
+    w = workloads.kv_cache_pressure(other_replica=True)
+    findings = build_report(write_workload(w))["findings"]
+    kv = next(f for f in findings if f["complaint"] == "kv_cache_pressure")
+    instance = {r.trace_id: r.instance for r in w.requests}
+    assert kv["affected_trace_ids"]
+    assert {instance[t] for t in kv["affected_trace_ids"]} == {"i0"}

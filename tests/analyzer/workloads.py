@@ -287,10 +287,13 @@ def gpu_saturation(seed: int = 10) -> Workload:
     return Workload(summarize(rng, reqs), gpu_samples=gpu, raw=reqs)
 
 
-def kv_cache_pressure(seed: int = 11) -> Workload:
+def kv_cache_pressure(seed: int = 11, other_replica: bool = False) -> Workload:
     rng = random.Random(seed)
     reqs = _base(rng, 600, lambda t: 2.0, prompt=1500, output=300)
     serve(rng, reqs, Server(slots=16, prefill_ms_per_token=0.02, tpot_ms=8.0))
+    if other_replica:  # every third request went to replica i1, whose engine reported no steps
+        for r in reqs[::3]:
+            r.instance = "i1"
     steps = [
         EngineStep("llm", "i0", T0_NS + t * S // 2, 25_000, 0, 14, 14, 6 if t % 3 else 0,
                    min(1.0, rng.gauss(0.95, 0.03)) if t % 3 else rng.uniform(0.5, 0.8), None, [])
@@ -420,7 +423,7 @@ def tenant_bursts(seed: int = 17) -> Workload:
     return Workload(summarize(rng, reqs), raw=reqs)
 
 
-def stutter_few_giants(seed: int = 18) -> Workload:
+def stutter_few_giants(seed: int = 18, big_instance: str = "i0") -> Workload:
     """Stutter from prefills of mixed sizes: most are ~1,200 tokens, a few 2,000.
 
     With only big prefill steps the window's p90 is the very biggest, so a
@@ -435,7 +438,7 @@ def stutter_few_giants(seed: int = 18) -> Workload:
     sizes = [1200] * 40 + [2000] * 6
     big = sorted((T0_NS + int(rng.uniform(0, 600) * S), size) for size in sizes)
     for b, size in big:
-        steps.append(EngineStep("llm", "i0", b, 150_000, size, 12, 13, 2, 0.5, None, []))
+        steps.append(EngineStep("llm", big_instance, b, 150_000, size, 12, 13, 2, 0.5, None, []))
     for t in range(0, 600, 2):
         steps.append(EngineStep("llm", "i0", T0_NS + t * S, 20_000, 0, 12, 12, 1, 0.4, None, []))
     for r in reqs:
@@ -446,3 +449,9 @@ def stutter_few_giants(seed: int = 18) -> Workload:
                 r.gaps_ms[i] = g + 150.0 * rng.uniform(0.8, 1.2)
             t += int(r.gaps_ms[i] * NS_PER_MS)
     return Workload(summarize(rng, reqs), engine_steps=steps, raw=reqs)
+
+
+def prefills_on_another_replica(seed: int = 18) -> Workload:
+    """`stutter_few_giants`, but the big prefills ran on replica i1 while every stream
+    decoded on i0: the same moments, another engine, so they froze nobody here."""
+    return stutter_few_giants(seed, big_instance="i1")
