@@ -205,15 +205,17 @@ def serve_steps(
     steady state, as in a serving engine.  Plain and instrumented loops do
     the same scheduling and model work; the instrumented one adds what
     docs/sdk.md shows for a batching loop: a request per request with its
-    phases, one `engine_step` per step given the decoding requests' ids
-    (kept by the scheduler as the batch changes), `record_tokens` once a
-    step, and the timed forward (`lm.instrumented()`, done by the caller).
+    phases, one `engine_step` per step given the decoding requests' ids and
+    the `TokenBatch` of the requests that get a token (both kept by the
+    scheduler as the batch changes), and the timed forward
+    (`lm.instrumented()`, done by the caller).
     Each `next()` gives the tokens the chunk produced.
     """
     ids = torch.zeros(batch, dtype=torch.long)
     left = [req_len * (s + 1) // batch for s in range(batch)]
     reqs: list[tt.RequestTrace] = []
     decoding: list[str] = []
+    tokens: tt.TokenBatch | None = None
     fresh = [True] * batch
     joined = True
     while True:
@@ -229,14 +231,16 @@ def serve_steps(
                                 reqs[s] = r
                             else:
                                 reqs.append(r)
-                with tt.engine_step(queue_depth=0, decode=decoding) as step:
+                    tokens = tt.TokenBatch(
+                        reqs
+                    )  # the batch changed: every slot gets a token a step
+                with tt.engine_step(queue_depth=0, decode=decoding, tokens=tokens) as step:
                     if joined:
                         for s in range(batch):
                             if fresh[s]:
                                 step.prefill(reqs[s].request_id, 2)
                                 lm.prefill(s)
                     ids = lm.decode(ids)
-                tt.record_tokens(reqs)
             else:
                 if joined:
                     for s in range(batch):
@@ -484,9 +488,7 @@ def main() -> None:
             "  (4 layers, d_model 256, KV cache; CPU, 1 torch thread), continuous batching: 8 slots,"
         )
         print("  128-token requests with 16-token prompts joining and leaving; each step:")
-        print(
-            "  engine_step(decode=ids), timed prefill/decode, record_tokens(batch); requests tokenized,"
-        )
+        print("  engine_step(decode=ids, tokens=batch), timed prefill/decode; requests tokenized,")
         print(
             f"  phased and finished as they come and go.  Three loops interleaved {d['chunk']} steps at a"
         )

@@ -31,6 +31,7 @@ from tokentrace.instrumentation._httpx import instrument_httpx, uninstrument_htt
 from tokentrace.instrumentation._openai import instrument_openai, uninstrument_openai
 from tokentrace.instrumentation._request import (
     RequestTrace,
+    TokenBatch,
     current_request,
     phase,
     record_tokens,
@@ -51,6 +52,7 @@ __all__ = [
     "GpuSampler",
     "RequestTrace",
     "Settings",
+    "TokenBatch",
     "TokentraceMiddleware",
     "Tracing",
     "client_request",

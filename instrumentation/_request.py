@@ -114,6 +114,7 @@ class RequestTrace(DeviceTally):
         "_start_wall_ns",
         "_start_mono_ns",
         "_tokens",
+        "_batches",
         "_phases",
         "_open",
         "_finished",
@@ -139,6 +140,8 @@ class RequestTrace(DeviceTally):
         self._start_mono_ns = time.monotonic_ns()
         self._start_wall_ns = time.time_ns()
         self._tokens: list[int] = []
+        #: token-time lists of the `TokenBatch`es this request decoded in
+        self._batches: list[list[int]] | None = None
         self._phases: list[tuple[str, int, int]] = []
         self._open: dict[str, int] = {}
         self._finished = False
@@ -243,7 +246,10 @@ class RequestTrace(DeviceTally):
 
     @property
     def token_count(self) -> int:
-        return len(self._tokens)
+        n = len(self._tokens)
+        for times in self._batches or ():
+            n += len(times)
+        return n
 
     def traceparent(self) -> dict[str, str]:
         """Gives W3C trace-context headers that make a downstream call a child."""
@@ -278,12 +284,23 @@ class RequestTrace(DeviceTally):
         # phases marked after finish are not this request's any more
         self._phases = []
         self._open = {}
-        # tokens recorded after the finish are not this request's either
+        # tokens recorded after the finish are not this request's either: the
+        # lengths now are where its own list and its batches' lists end for it
         n_tokens = len(self._tokens)
-        if not finisher.offer((self, end_mono, phases, n_tokens)):
-            self._complete(end_mono, phases, n_tokens)  # a full queue: here, rather than lose it
+        batches = self._batches
+        cuts = None if batches is None else [(times, len(times)) for times in batches]
+        if not finisher.offer((self, end_mono, phases, n_tokens, cuts)):
+            self._complete(
+                end_mono, phases, n_tokens, cuts
+            )  # a full queue: here, rather than lose it
 
-    def _complete(self, end_mono: int, phases: list[tuple[str, int, int]], n_tokens: int) -> None:
+    def _complete(
+        self,
+        end_mono: int,
+        phases: list[tuple[str, int, int]],
+        n_tokens: int,
+        cuts: list[tuple[list[int], int]] | None = None,
+    ) -> None:
         """Builds the phase spans and the last attributes, and ends the span (the flusher's work)."""
         span = self.span
         if isinstance(span, PendingSpan):
@@ -299,9 +316,14 @@ class RequestTrace(DeviceTally):
         try:
             if span.is_recording():
                 self._emit_children(span, phases)
+                tokens = self._tokens[:n_tokens]
+                if cuts:
+                    for times, n in cuts:
+                        tokens += times[:n]
+                    tokens.sort()  # `token()` calls and batches interleave in time
+                n_tokens = len(tokens)
                 if n_tokens:
                     base = self._start_mono_ns
-                    tokens = self._tokens[:n_tokens]
                     span.set_attribute(
                         semconv.TOKEN_OFFSETS_US, [(t - base) // 1000 for t in tokens]
                     )
@@ -346,7 +368,9 @@ class RequestTrace(DeviceTally):
         self.finish(exc)
 
 
-_Finishing = tuple[RequestTrace, int, list[tuple[str, int, int]], int]
+_Finishing = tuple[
+    RequestTrace, int, list[tuple[str, int, int]], int, list[tuple[list[int], int]] | None
+]
 
 
 class RequestFinisher(QueueFlusher[_Finishing]):
@@ -362,8 +386,8 @@ class RequestFinisher(QueueFlusher[_Finishing]):
             items = self._items
             done = 0
             while items:
-                req, end_mono, phases, n_tokens = items.popleft()
-                req._complete(end_mono, phases, n_tokens)
+                req, end_mono, phases, n_tokens, cuts = items.popleft()
+                req._complete(end_mono, phases, n_tokens, cuts)
                 done += 1
                 if not final:
                     yield_gil()
@@ -392,6 +416,41 @@ def record_tokens(requests: Iterable[RequestTrace]) -> None:
     now = _monotonic_ns()
     for req in requests:
         req._tokens.append(now)
+
+
+class TokenBatch:
+    """Requests that decode together until the batch changes: one token time a step for all.
+
+    A continuous-batching loop makes one when its batch changes (requests
+    join or leave) and then records each step's tokens with one append —
+    `engine_step(..., tokens=batch)` at the step's end, or `batch.token()` —
+    instead of one per request (`record_tokens`).  Each member's token times
+    are read from the batch when its spans are built; tokens recorded after
+    a member's `finish()` are not its own.  Membership is fixed: make a new
+    batch for a new set of requests.
+    """
+
+    __slots__ = ("request_ids", "_times")
+
+    def __init__(self, requests: Iterable[RequestTrace]) -> None:
+        #: the members' ids (not the members: no cycle between them and the batch)
+        ids = []
+        times: list[int] = []
+        self._times = times
+        for req in requests:
+            ids.append(req.request_id)
+            if req._batches is None:
+                req._batches = [times]
+            else:
+                req._batches.append(times)
+        self.request_ids = tuple(ids)
+
+    def token(self) -> None:
+        """Records one output token produced now for every member (an append)."""
+        self._times.append(_monotonic_ns())
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
 
 
 def current_request() -> RequestTrace | None:

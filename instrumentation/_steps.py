@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextvars
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
@@ -22,6 +22,9 @@ from tokentrace.instrumentation._config import add_flush_hook, get_tracing
 from tokentrace.instrumentation._forward import poll_device_timings
 from tokentrace.instrumentation._safety import log_once
 from tokentrace.instrumentation._tally import DeviceTally
+
+if TYPE_CHECKING:
+    from tokentrace.instrumentation._request import TokenBatch
 
 #: Steps kept waiting for export; beyond it the oldest are dropped (and counted).
 MAX_PENDING_STEPS = 65_536
@@ -43,6 +46,7 @@ _StepRecord = tuple[
     int, int, int, int, int, int, str | list[str], float | None, int, DeviceTally | None
 ]
 _time_ns = time.time_ns
+_monotonic_ns = time.monotonic_ns
 
 _current_step: contextvars.ContextVar[EngineStep | None] = contextvars.ContextVar(
     "tokentrace_engine_step", default=None
@@ -182,6 +186,7 @@ class EngineStep(DeviceTally):
         "prefill_tokens",
         "prefill_seqs",
         "request_ids",
+        "tokens",
         "start_ns",
         "end_ns",
         "_ctx_token",
@@ -193,6 +198,7 @@ class EngineStep(DeviceTally):
         queue_depth: int = 0,
         kv_usage: float | None = None,
         decode: Iterable[str] = (),
+        tokens: TokenBatch | None = None,
     ) -> None:
         self.queue_depth = queue_depth
         self.kv_usage = kv_usage
@@ -201,6 +207,8 @@ class EngineStep(DeviceTally):
         #: `decode`: the ids of the requests decoding one token in this step, given
         #: at once (a scheduler has that list): no call per request on the hot path
         self.request_ids: list[str] = list(decode)
+        #: `tokens`: every request of this batch got one output token when the step ended
+        self.tokens = tokens
         # the forward passes run inside this step (`instrument_model` adds to them);
         # set here, not by super().__init__(): one Python call less on the hot path
         self.fwd_count = self.fwd_launched = self.fwd_host_ns = 0
@@ -231,6 +239,9 @@ class EngineStep(DeviceTally):
         # Hot path: the step itself is queued; the flusher reads its record
         # (`record`), de-duplicates and joins the ids.
         self.end_ns = _time_ns()
+        batch = self.tokens
+        if batch is not None:
+            batch._times.append(_monotonic_ns())  # requests' token times: their clock
         token = self._ctx_token
         if token is not None:
             _current_step.reset(token)

@@ -135,3 +135,31 @@ def test_batch_forms_record_what_the_per_request_forms_do(memory_sdk) -> None:  
     by_id = {s.attributes[sc.REQUEST_ID]: s for s in memory_sdk.spans(sc.SPAN_REQUEST)}
     offsets = [by_id[i].attributes[sc.TOKEN_OFFSETS_US] for i in ids]
     assert [len(o) for o in offsets] == [2, 1, 1]
+
+
+def test_token_batches_give_each_member_its_own_token_times(memory_sdk) -> None:  # type: ignore[no-untyped-def]
+    _cold_start.tracker.reset()
+    a, b, c = (tt.request() for _ in range(3))
+    a.token()  # a prefilled alone: its first token on its own
+    first = tt.TokenBatch([a, b])
+    for _ in range(3):
+        with tt.engine_step(decode=first.request_ids, tokens=first):
+            pass
+    first.token()
+    assert (a.token_count, b.token_count, c.token_count) == (5, 4, 0)
+    b.finish()
+    second = tt.TokenBatch([a, c])  # b left, c joined
+    first.token()  # a batch used after a member finished: no longer b's tokens
+    with tt.engine_step(decode=second.request_ids, tokens=second):
+        pass
+    a.token()
+    a.finish()
+    c.finish()
+    by_id = {s.attributes[sc.REQUEST_ID]: s for s in memory_sdk.spans(sc.SPAN_REQUEST)}
+    offsets = {r: list(by_id[r.request_id].attributes[sc.TOKEN_OFFSETS_US]) for r in (a, b, c)}
+    assert [len(offsets[r]) for r in (a, b, c)] == [8, 4, 1]
+    assert offsets[a] == sorted(offsets[a])  # its own tokens and its batches' merged in time
+    assert by_id[a.request_id].attributes[sc.OUTPUT_TOKENS] == 8
+    assert by_id[b.request_id].attributes[sc.OUTPUT_TOKENS] == 4
+    steps = memory_sdk.spans(sc.SPAN_ENGINE_STEPS)
+    assert sum(s.attributes[sc.STEP_COUNT] for s in steps) == 4

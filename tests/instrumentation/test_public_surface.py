@@ -41,7 +41,7 @@ def test_exported_names() -> None:
     assert tt.__all__ == sorted(tt.__all__)
     assert set(tt.__all__) == {
         "ClientRequest", "EngineStep", "GpuReading", "GpuSampler", "RequestTrace", "Settings",
-        "TokentraceMiddleware", "Tracing", "client_request", "configure", "current_request", "engine_step",
+        "TokenBatch", "TokentraceMiddleware", "Tracing", "client_request", "configure", "current_request", "engine_step",
         "get_tracing", "instrument_fastapi", "instrument_httpx", "instrument_model", "instrument_openai",
         "instrument_transformers_generate", "phase", "record_step", "record_tokens", "request", "request_from_headers",
         "semconv", "shutdown", "start_gpu_sampler", "traced_request", "uninstrument_fastapi",
