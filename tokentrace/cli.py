@@ -43,7 +43,9 @@ def _filters(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         try:
             t = datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError as exc:
-            raise SystemExit(f"tokentrace: invalid time {text!r}: use ISO 8601 (2026-11-21T10:00:00Z)") from exc
+            raise SystemExit(
+                f"tokentrace: invalid time {text!r}: use ISO 8601 (2026-11-21T10:00:00Z)"
+            ) from exc
         if t.tzinfo is None:
             t = t.replace(tzinfo=timezone.utc)
         return int(t.timestamp() * 1e9)
@@ -120,27 +122,37 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_requests(args: argparse.Namespace) -> int:
-    from tokentrace.analyzer.export import write_requests
-    from tokentrace.store.connection import open_read_only
+    from tokentrace.analyzer.report_cli import run_requests
 
-    conn = open_read_only(args.db)
-    try:
-        if args.format == "parquet" and args.output is None and sys.stdout.isatty():
-            raise SystemExit("tokentrace: parquet is binary: pass --output FILE")
-        if args.output is not None:
-            with open(args.output, "wb") as fh:
-                write_requests(conn, _filters(args), args.format, fh, args.limit)
-        else:
-            write_requests(conn, _filters(args), args.format, None, args.limit)
-    finally:
-        conn.close()
-    return 0
+    return run_requests(args, _filters(args))
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from tokentrace.demo_cli import run_demo
 
     return run_demo(args)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _add_remote(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url",
+        help="ask a running `tokentrace serve` (its web URL, e.g. http://127.0.0.1:8600) "
+        "instead of opening --db, which the server holds",
+    )
+    p.add_argument(
+        "--token",
+        help="bearer token of a server started with --api-token (env TOKENTRACE_API_TOKEN)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,17 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("import", help="run OTLP files (protobuf or JSON) through the pipeline")
     p.add_argument("files", nargs="+", type=Path, help="OTLP export files")
-    p.add_argument("--baseline", type=float, default=None, help="probability of keeping an unremarkable trace")
+    p.add_argument(
+        "--baseline", type=float, default=None, help="probability of keeping an unremarkable trace"
+    )
     _add_db(p)
 
     p = sub.add_parser("report", help="the diagnosis: where the time goes and what to fix first")
     p.add_argument("--format", choices=("text", "markdown", "json", "html"), default="text")
-    p.add_argument(
-        "--url",
-        help="ask a running `tokentrace serve` (its web URL, e.g. http://127.0.0.1:8600) "
-        "instead of opening --db, which the server holds",
-    )
-    p.add_argument("--token", help="bearer token of a server started with --api-token (env TOKENTRACE_API_TOKEN)")
+    _add_remote(p)
     p.add_argument("--output", "-o", type=Path, help="write to this file instead of stdout")
     _add_db(p)
     _add_window(p)
@@ -175,14 +184,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("requests", help="one row per request with its four-bucket summary")
     p.add_argument("--format", choices=("jsonl", "csv", "parquet"), default="jsonl")
     p.add_argument("--output", "-o", type=Path, help="write to this file instead of stdout")
-    p.add_argument("--limit", type=int, help="at most this many rows")
+    p.add_argument("--limit", type=_positive_int, help="at most this many rows")
+    _add_remote(p)
     _add_db(p)
     _add_window(p)
 
     p = sub.add_parser("demo", help="run a real tiny LLM server under load and diagnose it")
     p.add_argument("--quick", action="store_true", help="a short CI-sized run")
-    p.add_argument("--exit", action="store_true", help="stop after the report instead of keeping the UI up")
-    p.add_argument("--scenarios", default=None, help="comma-separated scenario names (default: all)")
+    p.add_argument(
+        "--exit", action="store_true", help="stop after the report instead of keeping the UI up"
+    )
+    p.add_argument(
+        "--scenarios", default=None, help="comma-separated scenario names (default: all)"
+    )
     _add_db(p)
     return parser
 

@@ -73,7 +73,9 @@ def _time_ns(params: Mapping[str, str], name: str) -> int | None:
     try:
         dt = datetime.fromisoformat(raw.replace("Z", "+00:00"))
     except ValueError:
-        raise ParamError(f"{name} must be unix nanoseconds or an ISO 8601 time, not {raw!r}") from None
+        raise ParamError(
+            f"{name} must be unix nanoseconds or an ISO 8601 time, not {raw!r}"
+        ) from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return int(dt.timestamp() * 1e9)
@@ -128,7 +130,9 @@ def parse_view_filters(params: Mapping[str, str]) -> ViewFilters:
         raise ParamError(f"window must be one of {', '.join(WINDOWS_NS)}, not {window!r}")
     traffic_class = _text(params, "class")
     if traffic_class is not None and traffic_class not in TRAFFIC_CLASSES:
-        raise ParamError(f"class must be one of {', '.join(TRAFFIC_CLASSES)}, not {traffic_class!r}")
+        raise ParamError(
+            f"class must be one of {', '.join(TRAFFIC_CLASSES)}, not {traffic_class!r}"
+        )
     start, end = _time_ns(params, "start"), _time_ns(params, "end")
     if start is not None and end is not None and end <= start:
         raise ParamError("end must be after start")
@@ -141,6 +145,20 @@ def parse_view_filters(params: Mapping[str, str]) -> ViewFilters:
         traffic_class=traffic_class,
         service=_text(params, "service"),
     )
+
+
+def parse_limit(params: Mapping[str, str]) -> int | None:
+    """Gives the `limit` of an export: a positive number of rows, or None for all."""
+    text = _text(params, "limit")
+    if text is None:
+        return None
+    try:
+        limit = int(text)
+    except ValueError:
+        raise ParamError(f"limit must be a whole number, not {text!r}") from None
+    if limit < 1:
+        raise ParamError(f"limit must be at least 1, not {limit}")
+    return limit
 
 
 #: Columns the search page sorts by; each is checked against the real schema too.
@@ -242,7 +260,9 @@ def parse_search(params: Mapping[str, str]) -> SearchParams:
         raise ParamError(f"order must be asc or desc, not {order!r}")
     raw_limit = _text(params, "limit") or "50"
     if not raw_limit.isdigit() or not PAGE_SIZES[0] <= int(raw_limit) <= PAGE_SIZES[1]:
-        raise ParamError(f"limit must be an integer {PAGE_SIZES[0]}..{PAGE_SIZES[1]}, not {raw_limit!r}")
+        raise ParamError(
+            f"limit must be an integer {PAGE_SIZES[0]}..{PAGE_SIZES[1]}, not {raw_limit!r}"
+        )
     after_raw = _text(params, "after")
     out = SearchParams(
         view=view,

@@ -8,25 +8,39 @@ from __future__ import annotations
 
 import hmac
 import logging
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlencode
 
 import duckdb
 import jinja2
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from tokentrace.analyzer.export import write_requests
 from tokentrace.store.connection import StoreError
 from tokentrace.web import _format
 from tokentrace.web._db import Database, QueryTimeout, fetch_dicts
 from tokentrace.web._export import to_chrome_trace, to_otlp_json
-from tokentrace.web._overview import filter_choices, overview_data
-from tokentrace.web._params import ParamError, parse_search, parse_trace_id, parse_view_filters
+from tokentrace.web._overview import filter_choices, newest_start_ns, overview_data
+from tokentrace.web._params import (
+    ParamError,
+    parse_limit,
+    parse_search,
+    parse_trace_id,
+    parse_view_filters,
+)
 from tokentrace.web._report_cache import REPORT_TIME_LIMIT_S, ReportCache
 from tokentrace.web._search import search_data
 from tokentrace.web._trace import TraceNotFound, load_spans, trace_data
@@ -35,6 +49,14 @@ logger = logging.getLogger("tokentrace.web")
 HERE = Path(__file__).parent
 TOKEN_COOKIE = "tokentrace_token"
 CHOICES_TTL_S = 30.0
+#: `/api/requests.{fmt}`: the formats of `tokentrace requests` and their media types
+EXPORT_MEDIA_TYPES = {
+    "jsonl": "application/x-ndjson",
+    "csv": "text/csv; charset=utf-8",
+    "parquet": "application/vnd.apache.parquet",
+}
+#: An export bigger than this is spooled to a temporary file
+EXPORT_SPOOL_BYTES = 16 << 20
 
 
 def error_status(exc: Exception) -> tuple[int, str]:
@@ -70,7 +92,9 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
     token: str | None = getattr(settings, "api_token", None) or None
     app = FastAPI(title="tokentrace", docs_url=None, redoc_url=None, openapi_url=None)
     # autoescape everything, not only *.html: every value from spans is untrusted
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True
+    )
     templates = Jinja2Templates(env=env)
     _format.install(templates.env)
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
@@ -80,7 +104,9 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
     choices_cache: dict[str, Any] = {}
 
     @app.middleware("http")
-    async def server_timing(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    async def server_timing(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
         # the time the server spent, for browsers' devtools and benchmarks/bench_web.py
         started = time.perf_counter()
         response = await call_next(request)
@@ -88,7 +114,9 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         return response
 
     @app.middleware("http")
-    async def require_token(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    async def require_token(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
         if token is None:
             return _secure(await call_next(request))
         given = request.query_params.get("token")
@@ -105,7 +133,9 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         if any(hmac.compare_digest(v.encode(), token.encode()) for v in (bearer, cookie) if v):
             return _secure(await call_next(request))
         return JSONResponse(
-            {"error": "a bearer token is required (Authorization: Bearer …, or open a page once with ?token=…)"},
+            {
+                "error": "a bearer token is required (Authorization: Bearer …, or open a page once with ?token=…)"
+            },
             status_code=401,
             headers={"WWW-Authenticate": "Bearer"},
         )
@@ -117,7 +147,10 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         if request.url.path.startswith("/api/"):
             return JSONResponse({"error": message}, status_code=status)
         return templates.TemplateResponse(
-            request, "error.html", {"status": status, "message": message, "page": ""}, status_code=status
+            request,
+            "error.html",
+            {"status": status, "message": message, "page": ""},
+            status_code=status,
         )
 
     # one place maps the web's errors to responses: handlers just raise
@@ -144,7 +177,9 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         view = parse_view_filters(request.query_params)
         with db.cursor() as cur:
             data = overview_data(cur, view, reports)
-        return page(request, "overview.html", data, page_name="overview", choices=choices(), view=view)
+        return page(
+            request, "overview.html", data, page_name="overview", choices=choices(), view=view
+        )
 
     @app.get("/api/overview")
     def overview_api(request: Request) -> Response:
@@ -157,7 +192,9 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         params = parse_search(request.query_params)
         with db.cursor() as cur:
             data = search_data(cur, params, reports)
-        return page(request, "search.html", data, page_name="search", choices=choices(), params=params)
+        return page(
+            request, "search.html", data, page_name="search", choices=choices(), params=params
+        )
 
     @app.get("/api/search")
     def search_api(request: Request) -> Response:
@@ -200,7 +237,9 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         with db.cursor() as cur:
             spans, _ = load_spans(cur, tid)
             if not spans:
-                raise TraceNotFound(f"no kept spans for trace id {tid} (its spans were sampled out)")
+                raise TraceNotFound(
+                    f"no kept spans for trace id {tid} (its spans were sampled out)"
+                )
             steps = _steps_of_trace(cur, tid)
         return JSONResponse(
             to_chrome_trace(tid, spans, steps),
@@ -211,7 +250,9 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
     def diagnosis_page(request: Request) -> Response:
         view = parse_view_filters(request.query_params)
         data = diagnosis(view)
-        return page(request, "diagnosis.html", data, page_name="diagnosis", choices=choices(), view=view)
+        return page(
+            request, "diagnosis.html", data, page_name="diagnosis", choices=choices(), view=view
+        )
 
     @app.get("/api/diagnosis")
     def diagnosis_api(request: Request) -> Response:
@@ -229,11 +270,44 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
             "report_refreshing": refreshing,
         }
 
+    @app.get("/api/requests.{fmt}")
+    def requests_export(request: Request, fmt: str) -> Response:
+        """One row per request, as `tokentrace requests` writes it (`requests --url` asks here)."""
+        if fmt not in EXPORT_MEDIA_TYPES:
+            raise ParamError(f"format must be one of {', '.join(EXPORT_MEDIA_TYPES)}, not {fmt!r}")
+        view = parse_view_filters(request.query_params)
+        limit = parse_limit(request.query_params)
+        # spooled: a big export goes to a temporary file, not the server's memory
+        out = tempfile.SpooledTemporaryFile(max_size=EXPORT_SPOOL_BYTES)  # noqa: SIM115 - closed by the response
+        try:
+            with db.cursor() as cur:
+                filters = view.resolve(newest_start_ns(cur))
+            with db.cursor() as cur:  # a fresh cursor: DuckDB refuses one with a result open
+                write_requests(cur, filters, fmt, out, limit)
+            out.seek(0)
+        except BaseException:
+            out.close()
+            raise
+        return StreamingResponse(
+            _chunks(out),
+            media_type=EXPORT_MEDIA_TYPES[fmt],
+            headers={"Content-Disposition": f'attachment; filename="requests.{fmt}"'},
+        )
+
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
     return app
+
+
+def _chunks(out: IO[bytes], size: int = 1 << 20) -> Iterator[bytes]:
+    """Gives `out` in chunks, then closes it (a streamed response's body)."""
+    try:
+        while chunk := out.read(size):
+            yield chunk
+    finally:
+        out.close()
 
 
 def _steps_of_trace(cur: duckdb.DuckDBPyConnection, trace_id: str) -> list[dict[str, Any]]:

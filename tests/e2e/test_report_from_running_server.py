@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+import pyarrow.parquet as pq
 from tt_testkit import start_serve
 
 from tokentrace import instrumentation as tt
@@ -15,7 +17,11 @@ TOKEN = "report-token"
 
 
 def _report(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tokentrace", "report", *args], capture_output=True, text=True)
+    return _cli("report", *args)
+
+
+def _cli(command: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tokentrace", command, *args], capture_output=True, text=True)
 
 
 def test_report_by_url_while_serve_holds_the_db(tmp_path: Path) -> None:
@@ -51,5 +57,55 @@ def test_report_by_url_while_serve_holds_the_db(tmp_path: Path) -> None:
 
         only_other = _report("--url", serve.web, "--token", TOKEN, "--format", "json", "--model", "other")
         assert json.loads(only_other.stdout)["requests"]["count"] == 0
+    finally:
+        serve.stop()
+
+
+def test_requests_by_url_while_serve_holds_the_db(tmp_path: Path) -> None:
+    serve = start_serve(tmp_path, "--grace-s", "0.1", "--api-token", TOKEN)
+    try:
+        tracing = tt.configure(endpoint=serve.otlp_http, service_name="remote-requests")
+        try:
+            for i in range(3):
+                with tt.request(model="tiny" if i else "other", request_id=f"q{i}") as req:
+                    req.token()
+            assert tracing.force_flush(10_000)
+        finally:
+            tt.shutdown()
+        auth = ("--url", serve.web, "--token", TOKEN)
+
+        held = _cli("requests", "--db", str(serve.db))
+        assert held.returncode == 1 and "tokentrace requests --url" in held.stderr
+
+        rows: list[dict[str, object]] = []
+        for _ in range(100):  # the decision grace: rows land a moment after the export
+            ok = _cli("requests", *auth)
+            assert ok.returncode == 0, ok.stderr
+            rows = [json.loads(line) for line in ok.stdout.splitlines()]
+            if len(rows) == 3:
+                break
+        assert sorted(r["request_id"] for r in rows) == ["q0", "q1", "q2"]
+        assert all(r["output_tokens"] == 1 and r["start"].endswith("Z") for r in rows)
+
+        csv = _cli("requests", *auth, "--format", "csv", "--model", "tiny")
+        assert csv.returncode == 0, csv.stderr
+        lines = csv.stdout.splitlines()
+        assert "request_id" in lines[0] and len(lines) == 3  # header + the two "tiny" requests
+
+        out = tmp_path / "requests.parquet"
+        out.write_bytes(b"an earlier export")
+        refused = _cli("requests", "--url", serve.web, "--format", "parquet", "--output", str(out))
+        assert refused.returncode == 1 and "401" in refused.stderr
+        assert out.read_bytes() == b"an earlier export"  # a failed export leaves it as it was
+        assert not (tmp_path / "requests.parquet.part").exists()
+        ok = _cli("requests", *auth, "--format", "parquet", "--output", str(out), "--limit", "2")
+        assert ok.returncode == 0, ok.stderr
+        assert pq.read_table(out).num_rows == 2
+
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        bad = httpx.get(f"{serve.web}/api/requests.xml", headers=headers)
+        assert bad.status_code == 400 and "format must be one of" in bad.json()["error"]
+        bad = httpx.get(f"{serve.web}/api/requests.csv", params={"limit": "0"}, headers=headers)
+        assert bad.status_code == 400 and "limit" in bad.json()["error"]
     finally:
         serve.stop()
