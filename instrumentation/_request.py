@@ -290,9 +290,8 @@ class RequestTrace(DeviceTally):
         batches = self._batches
         cuts = None if batches is None else [(times, len(times)) for times in batches]
         if not finisher.offer((self, end_mono, phases, n_tokens, cuts)):
-            self._complete(
-                end_mono, phases, n_tokens, cuts
-            )  # a full queue: here, rather than lose it
+            # a full queue: built here, rather than lost
+            self._complete(end_mono, phases, n_tokens, cuts)
 
     def _complete(
         self,
