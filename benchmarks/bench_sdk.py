@@ -49,15 +49,13 @@ class DropExporter(SpanExporter):
     the network is not.
     """
 
-    def __init__(self, encode: bool = True) -> None:
-        self.encode = encode
+    def __init__(self) -> None:
         #: held by the decode bench while a plain loop runs (see `hold_background`)
         self.lock = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         with self.lock:
-            if self.encode:
-                encode_spans(spans).SerializeToString()
+            encode_spans(spans).SerializeToString()
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pyarrow.parquet as pq
@@ -21,22 +24,31 @@ def _report(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _cli(command: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tokentrace", command, *args], capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "tokentrace", command, *args], capture_output=True, text=True
+    )
 
 
-def test_report_by_url_while_serve_holds_the_db(tmp_path: Path) -> None:
+@contextmanager
+def _serving(tmp_path: Path, service: str, requests: list[tuple[str, str, int]]) -> Iterator[Any]:
+    """A real `serve` with an API token, holding these (request id, model, tokens) requests."""
     serve = start_serve(tmp_path, "--grace-s", "0.1", "--api-token", TOKEN)
     try:
-        tracing = tt.configure(endpoint=serve.otlp_http, service_name="remote-report")
+        tracing = tt.configure(endpoint=serve.otlp_http, service_name=service)
         try:
-            for i in range(3):
-                with tt.request(model="tiny", request_id=f"r{i}") as req:
-                    req.token()
-                    req.token()
+            for request_id, model, tokens in requests:
+                with tt.request(model=model, request_id=request_id) as req:
+                    req.token(tokens)
             assert tracing.force_flush(10_000)
         finally:
             tt.shutdown()
+        yield serve
+    finally:
+        serve.stop()
 
+
+def test_report_by_url_while_serve_holds_the_db(tmp_path: Path) -> None:
+    with _serving(tmp_path, "remote-report", [(f"r{i}", "tiny", 2) for i in range(3)]) as serve:
         held = _report("--db", str(serve.db))
         assert held.returncode == 1
         assert "--url" in held.stderr  # the error says what to do instead
@@ -55,23 +67,15 @@ def test_report_by_url_while_serve_holds_the_db(tmp_path: Path) -> None:
         assert doc["requests"]["count"] == 3
         assert set(doc) >= {"requests", "latency", "buckets", "findings"}
 
-        only_other = _report("--url", serve.web, "--token", TOKEN, "--format", "json", "--model", "other")
+        only_other = _report(
+            "--url", serve.web, "--token", TOKEN, "--format", "json", "--model", "other"
+        )
         assert json.loads(only_other.stdout)["requests"]["count"] == 0
-    finally:
-        serve.stop()
 
 
 def test_requests_by_url_while_serve_holds_the_db(tmp_path: Path) -> None:
-    serve = start_serve(tmp_path, "--grace-s", "0.1", "--api-token", TOKEN)
-    try:
-        tracing = tt.configure(endpoint=serve.otlp_http, service_name="remote-requests")
-        try:
-            for i in range(3):
-                with tt.request(model="tiny" if i else "other", request_id=f"q{i}") as req:
-                    req.token()
-            assert tracing.force_flush(10_000)
-        finally:
-            tt.shutdown()
+    sent = [(f"q{i}", "tiny" if i else "other", 1) for i in range(3)]
+    with _serving(tmp_path, "remote-requests", sent) as serve:
         auth = ("--url", serve.web, "--token", TOKEN)
 
         held = _cli("requests", "--db", str(serve.db))
@@ -107,5 +111,3 @@ def test_requests_by_url_while_serve_holds_the_db(tmp_path: Path) -> None:
         assert bad.status_code == 400 and "format must be one of" in bad.json()["error"]
         bad = httpx.get(f"{serve.web}/api/requests.csv", params={"limit": "0"}, headers=headers)
         assert bad.status_code == 400 and "limit" in bad.json()["error"]
-    finally:
-        serve.stop()
