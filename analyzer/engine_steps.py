@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokentrace.analyzer.spans import Span
+from tokentrace.analyzer.spans import Span, list_attr
 from tokentrace.analyzer.trace_view import INSTANCE_KEYS
 from tokentrace.instrumentation import semconv as sc
 
@@ -73,22 +73,36 @@ def extract_engine_steps(spans: Sequence[Span]) -> list[EngineStep]:
         if span.name != sc.SPAN_ENGINE_STEPS:
             continue
         a = span.attributes
-        starts = a.get(sc.STEP_START_NS) or []
+        starts = list_attr(a, sc.STEP_START_NS)
+        # every list is read once per span (packed lists are JSON strings)
+        kvs, gpus, ids_per_step, durations, prefills, decodes, sizes, queues = (
+            list_attr(a, key)
+            for key in (
+                sc.STEP_KV_USAGE,
+                sc.STEP_GPU_US,
+                sc.STEP_REQUEST_IDS,
+                sc.STEP_DURATION_US,
+                sc.STEP_PREFILL_TOKENS,
+                sc.STEP_DECODE_SEQS,
+                sc.STEP_BATCH_SIZE,
+                sc.STEP_QUEUE_DEPTH,
+            )
+        )
         instance = next((str(span.resource[k]) for k in INSTANCE_KEYS if k in span.resource), "")
         for i, start in enumerate(starts):
-            kv = _at(a.get(sc.STEP_KV_USAGE), i, -1)
-            gpu = _at(a.get(sc.STEP_GPU_US), i, -1)
-            ids = _at(a.get(sc.STEP_REQUEST_IDS), i, "")
+            kv = _at(kvs, i, -1)
+            gpu = _at(gpus, i, -1)
+            ids = _at(ids_per_step, i, "")
             steps.append(
                 EngineStep(
                     service=span.service_name,
                     instance=instance,
                     start_ns=int(start),
-                    duration_us=int(_at(a.get(sc.STEP_DURATION_US), i, 0)),
-                    prefill_tokens=int(_at(a.get(sc.STEP_PREFILL_TOKENS), i, 0)),
-                    decode_seqs=int(_at(a.get(sc.STEP_DECODE_SEQS), i, 0)),
-                    batch_size=int(_at(a.get(sc.STEP_BATCH_SIZE), i, 0)),
-                    queue_depth=int(_at(a.get(sc.STEP_QUEUE_DEPTH), i, 0)),
+                    duration_us=int(_at(durations, i, 0)),
+                    prefill_tokens=int(_at(prefills, i, 0)),
+                    decode_seqs=int(_at(decodes, i, 0)),
+                    batch_size=int(_at(sizes, i, 0)),
+                    queue_depth=int(_at(queues, i, 0)),
                     kv_usage=None if kv is None or kv < 0 else float(kv),
                     gpu_us=None if gpu is None or gpu < 0 else int(gpu),
                     request_ids=[r for r in str(ids).split(",") if r],

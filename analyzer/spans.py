@@ -3,12 +3,21 @@
 The collector decodes OTLP (protobuf or JSON) into these; the analyzer's
 adapters read them.  Ids are lowercase hex strings, times are unix nanoseconds,
 attribute values are plain Python values (str, bool, int, float, or lists).
+The SDK's long lists (token times, engine steps) arrive packed as JSON strings
+and stay so in storage; read them with `list_attr`.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from tokentrace.instrumentation.semconv import unpack_list
+
+logger = logging.getLogger("tokentrace.analyzer")
+_warned: set[str] = set()
 
 # OTLP SpanKind enum values
 KIND_UNSPECIFIED = 0
@@ -22,6 +31,29 @@ KIND_CONSUMER = 5
 STATUS_UNSET = 0
 STATUS_OK = 1
 STATUS_ERROR = 2
+
+
+def list_attr(attributes: Mapping[str, Any], key: str) -> list[Any]:
+    """Gives the list attribute `key` carries, packed (a JSON string) or an OTLP array.
+
+    Absent gives []; so does an unreadable value (a packed string cut short by
+    an attribute length limit, say), with a warning once per attribute name.
+    """
+    value = attributes.get(key)
+    if value is None:
+        return []
+    try:
+        return unpack_list(value)
+    except ValueError as exc:
+        if key not in _warned:
+            _warned.add(key)
+            logger.warning(
+                "span attribute %s is unreadable and is ignored: %s (an attribute length "
+                "limit such as OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT cuts packed lists short)",
+                key,
+                exc,
+            )
+        return []
 
 
 @dataclass(slots=True)

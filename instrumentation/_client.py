@@ -99,7 +99,7 @@ class ClientRequest:
             if span.is_recording() and self._chunks:
                 base = self._start_mono_ns
                 offsets = [(t - base) // 1000 for t in self._chunks]
-                span.set_attribute(semconv.CLIENT_CHUNK_OFFSETS_US, offsets)
+                span.set_attribute(semconv.CLIENT_CHUNK_OFFSETS_US, semconv.pack_list(offsets))
                 span.set_attribute(semconv.CLIENT_CHUNKS, len(offsets))
                 span.set_attribute(semconv.CLIENT_TTFC_S, (self._chunks[0] - base) / 1e9)
         except Exception as exc:  # the SDK's own failure must never reach the host

@@ -324,7 +324,8 @@ class RequestTrace(DeviceTally):
                 if n_tokens:
                     base = self._start_mono_ns
                     span.set_attribute(
-                        semconv.TOKEN_OFFSETS_US, [(t - base) // 1000 for t in tokens]
+                        semconv.TOKEN_OFFSETS_US,
+                        semconv.pack_list([(t - base) // 1000 for t in tokens]),
                     )
                     if semconv.OUTPUT_TOKENS not in self._attributes():
                         span.set_attribute(semconv.OUTPUT_TOKENS, n_tokens)

@@ -2,8 +2,9 @@
 
 Recording a step is an append of one tuple to a bounded deque; a daemon
 flusher turns batches of steps into `tokentrace.engine.steps` spans whose
-attributes are parallel arrays (`semconv.STEP_*`).  Each batch span is its own
-root (its own trace): steps serve many requests and belong to none of them.
+attributes are parallel lists (`semconv.STEP_*`, each packed as one string).
+Each batch span is its own root (its own trace): steps serve many requests and
+belong to none of them.
 """
 
 from __future__ import annotations
@@ -132,18 +133,19 @@ class StepRecorder(QueueFlusher["_StepRecord | EngineStep"]):
             else:
                 fwd_host_us.append(-1)
                 gpu_us.append(rec[8])
+        pack = semconv.pack_list  # one string per list: see semconv.PACKED_LISTS
         attrs: dict[str, Any] = {
             semconv.STEP_COUNT: len(batch),
-            semconv.STEP_START_NS: [r[0] for r in batch],
-            semconv.STEP_DURATION_US: [(r[1] - r[0]) // 1000 for r in batch],
-            semconv.STEP_PREFILL_TOKENS: [r[2] for r in batch],
-            semconv.STEP_DECODE_SEQS: [r[3] for r in batch],
-            semconv.STEP_BATCH_SIZE: batch_size,
-            semconv.STEP_QUEUE_DEPTH: [r[5] for r in batch],
-            semconv.STEP_REQUEST_IDS: request_ids,
-            semconv.STEP_KV_USAGE: kv_usage,
-            semconv.STEP_GPU_US: gpu_us,
-            semconv.STEP_FORWARD_HOST_US: fwd_host_us,
+            semconv.STEP_START_NS: pack([r[0] for r in batch]),
+            semconv.STEP_DURATION_US: pack([(r[1] - r[0]) // 1000 for r in batch]),
+            semconv.STEP_PREFILL_TOKENS: pack([r[2] for r in batch]),
+            semconv.STEP_DECODE_SEQS: pack([r[3] for r in batch]),
+            semconv.STEP_BATCH_SIZE: pack(batch_size),
+            semconv.STEP_QUEUE_DEPTH: pack([r[5] for r in batch]),
+            semconv.STEP_REQUEST_IDS: pack(request_ids),
+            semconv.STEP_KV_USAGE: pack(kv_usage),
+            semconv.STEP_GPU_US: pack(gpu_us),
+            semconv.STEP_FORWARD_HOST_US: pack(fwd_host_us),
         }
         if self.dropped:
             attrs[semconv.STEP_DROPPED] = self.dropped

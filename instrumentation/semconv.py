@@ -14,13 +14,20 @@ Span tree of one request, as the SDK emits it::
     └── tokentrace.detokenize     ids → text (may repeat per chunk; summed)
 
 Token times travel as one compact attribute on the request span
-(``tokentrace.token.offsets_us``): an int array, each entry the time of one
+(``tokentrace.token.offsets_us``): a list of ints, each the time of one
 output token in microseconds after the request span's start.  One attribute
 per request, not one event per token, keeps recording a token an append.
 
 Engine steps (continuous-batching scheduler iterations) travel as spans named
 ``tokentrace.engine.steps``, each carrying a *batch* of steps as parallel
-arrays (see ``STEP_*``); they are not part of any request trace.
+lists (see ``STEP_*``); they are not part of any request trace.
+
+Those lists (``PACKED_LISTS``) are sent *packed*: one string attribute holding
+the list as JSON (``"[1250,1890,2433]"``), not an OTLP array.  OpenTelemetry
+checks, and the OTLP encoder wraps, every element of an array one by one: for
+a 512-step span that is ~11 µs a step on the exporting thread, beside the
+model; one JSON string costs ~1 µs a step.  Readers take both forms
+(``unpack_list``): OTLP arrays from older SDKs and other senders still work.
 
 The client wrapper emits ``tokentrace.client`` (kind CLIENT) with its own
 chunk times (``tokentrace.client.chunk_offsets_us``) and injects `traceparent`,
@@ -29,7 +36,8 @@ so the server's request span is its child.
 
 from __future__ import annotations
 
-from typing import Final
+import json
+from typing import Any, Final
 
 # ---- span names -------------------------------------------------------------
 SPAN_REQUEST: Final = "tokentrace.request"
@@ -53,7 +61,7 @@ PHASES: Final[dict[str, str]] = {
 
 # ---- request attributes -----------------------------------------------------
 REQUEST_ID: Final = "tokentrace.request.id"
-#: int[]: each output token's time, µs after the request span's start.
+#: int[] (packed): each output token's time, µs after the request span's start.
 TOKEN_OFFSETS_US: Final = "tokentrace.token.offsets_us"
 #: int: output tokens (also OTel's gen_ai.usage.output_tokens)
 PROMPT_TOKENS: Final = "gen_ai.usage.input_tokens"
@@ -80,12 +88,12 @@ FORWARD_HOST_US: Final = "tokentrace.forward.host_us"
 FORWARD_GPU_US: Final = "tokentrace.forward.gpu_us"
 
 # ---- client attributes ------------------------------------------------------
-#: int[]: each streamed chunk's arrival, µs after the client span's start.
+#: int[] (packed): each streamed chunk's arrival, µs after the client span's start.
 CLIENT_CHUNK_OFFSETS_US: Final = "tokentrace.client.chunk_offsets_us"
 #: float seconds, the OTel GenAI name for the user-side time to first chunk.
 CLIENT_TTFC_S: Final = "gen_ai.response.time_to_first_chunk"
 
-# ---- engine-step batches (parallel arrays, one entry per step) ---------------
+# ---- engine-step batches (parallel lists, one entry per step; packed) ---------
 STEP_START_NS: Final = "tokentrace.step.start_ns"  # int[] absolute unix ns
 STEP_DURATION_US: Final = "tokentrace.step.duration_us"  # int[]
 STEP_PREFILL_TOKENS: Final = "tokentrace.step.prefill_tokens"  # int[]
@@ -131,3 +139,47 @@ URL_PATH: Final = "url.path"
 SERVER_ADDRESS: Final = "server.address"
 #: int[]: per step, host time of the forward passes run inside it (µs, -1 when none).
 STEP_FORWARD_HOST_US: Final = "tokentrace.step.forward_host_us"
+
+#: Attributes whose list value the SDK sends packed as one JSON string (see above).
+PACKED_LISTS: Final = frozenset(
+    (
+        TOKEN_OFFSETS_US,
+        CLIENT_CHUNK_OFFSETS_US,
+        STEP_START_NS,
+        STEP_DURATION_US,
+        STEP_PREFILL_TOKENS,
+        STEP_DECODE_SEQS,
+        STEP_BATCH_SIZE,
+        STEP_QUEUE_DEPTH,
+        STEP_KV_USAGE,
+        STEP_GPU_US,
+        STEP_REQUEST_IDS,
+        STEP_FORWARD_HOST_US,
+    )
+)
+
+# one encoder, built once: `json.dumps` with separators would build one per call
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def pack_list(values: list[Any]) -> str:
+    """Gives `values` (ints, floats or strings) as one compact JSON array string."""
+    return _encode(values)
+
+
+def unpack_list(value: Any) -> list[Any]:
+    """Gives the list a packed (JSON string) or plain (OTLP array) attribute carries.
+
+    Raises ValueError when `value` is neither, e.g. a packed string cut short
+    by an attribute length limit.
+    """
+    if isinstance(value, list):
+        return value
+    if isinstance(value, (str, bytes)):
+        try:
+            out = json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"not a JSON list ({len(value)} characters): {exc}") from None
+        if isinstance(out, list):
+            return out
+    raise ValueError(f"expected a list or a JSON list string, got {type(value).__name__}")

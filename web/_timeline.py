@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokentrace.analyzer.itl import STALL_FACTOR, STALL_MIN_MS, quantile
+from tokentrace.analyzer.spans import list_attr
 from tokentrace.instrumentation import semconv as sc
 
 WIDTH = 1000.0
@@ -25,7 +26,7 @@ def token_times_ns(request_span: dict[str, Any] | None) -> list[int]:
     """Gives the absolute token times carried by a request span (empty when none)."""
     if request_span is None:
         return []
-    offsets = request_span["attributes"].get(sc.TOKEN_OFFSETS_US) or []
+    offsets = list_attr(request_span["attributes"], sc.TOKEN_OFFSETS_US)
     try:
         return [request_span["start_ns"] + int(o) * 1000 for o in offsets]
     except (TypeError, ValueError):
@@ -35,7 +36,7 @@ def token_times_ns(request_span: dict[str, Any] | None) -> list[int]:
 def client_chunk_times_ns(client_span: dict[str, Any] | None) -> list[int]:
     if client_span is None:
         return []
-    offsets = client_span["attributes"].get(sc.CLIENT_CHUNK_OFFSETS_US) or []
+    offsets = list_attr(client_span["attributes"], sc.CLIENT_CHUNK_OFFSETS_US)
     try:
         return [client_span["start_ns"] + int(o) * 1000 for o in offsets]
     except (TypeError, ValueError):
@@ -60,7 +61,11 @@ def build_timeline(
         for i, gap in enumerate(gaps_ms):
             if gap > threshold:
                 a, b = tokens_ns[i], tokens_ns[i + 1]
-                overlapping = [s for s in steps if s["start_ns"] <= b and s["start_ns"] + s["duration_us"] * 1000 >= a]
+                overlapping = [
+                    s
+                    for s in steps
+                    if s["start_ns"] <= b and s["start_ns"] + s["duration_us"] * 1000 >= a
+                ]
                 stalls.append(
                     {
                         "after_token": i + 1,

@@ -14,7 +14,7 @@ from typing import Any
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, Partition
 from tokentrace.analyzer.itl import apply_token_times, apply_tpot
-from tokentrace.analyzer.spans import STATUS_ERROR, Span
+from tokentrace.analyzer.spans import STATUS_ERROR, Span, list_attr
 from tokentrace.analyzer.trace_view import ENV_KEYS, INSTANCE_KEYS, TENANT_KEYS, TraceView
 from tokentrace.instrumentation import semconv as sc
 
@@ -76,7 +76,7 @@ def agree(a_ns: int, b_ns: int) -> bool:
 
 def client_token_offsets_ms(client: Span) -> list[float]:
     """Gives the user-side token times (ms from the client span start), from any convention."""
-    chunks = client.attributes.get(sc.CLIENT_CHUNK_OFFSETS_US)
+    chunks = list_attr(client.attributes, sc.CLIENT_CHUNK_OFFSETS_US)
     if chunks:
         return [int(c) / 1000.0 for c in chunks]
     times = sorted(e.time_ns for e in client.events if e.name in CHUNK_EVENTS)

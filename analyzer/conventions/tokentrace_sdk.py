@@ -5,7 +5,7 @@ from __future__ import annotations
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
 from tokentrace.analyzer.itl import apply_token_times, apply_tpot
-from tokentrace.analyzer.spans import STATUS_ERROR, Span
+from tokentrace.analyzer.spans import STATUS_ERROR, Span, list_attr
 from tokentrace.analyzer.trace_view import ENV_KEYS, INSTANCE_KEYS, TENANT_KEYS, TraceView
 from tokentrace.instrumentation import semconv as sc
 
@@ -33,7 +33,7 @@ def summarize(trace: TraceView) -> list[s.RequestSummary]:
 
 def _summarize_request(trace: TraceView, req: Span) -> s.RequestSummary:
     phases = list(trace.descendants(req))
-    offsets_us = req.attributes.get(sc.TOKEN_OFFSETS_US) or []
+    offsets_us = list_attr(req.attributes, sc.TOKEN_OFFSETS_US)
     offsets_ms = [int(o) / 1000.0 for o in offsets_us]
     server_ns = req.duration_ns
     prefill_spans = [p for p in phases if p.name == sc.SPAN_PREFILL]
@@ -98,7 +98,7 @@ def _summarize_request(trace: TraceView, req: Span) -> s.RequestSummary:
     )
     part.apply(summary)
     if client is not None:
-        chunks = client.attributes.get(sc.CLIENT_CHUNK_OFFSETS_US)
+        chunks = list_attr(client.attributes, sc.CLIENT_CHUNK_OFFSETS_US)
         if chunks:
             summary.ttft_client_ms = int(chunks[0]) / 1000.0
         elif sc.CLIENT_TTFC_S in client.attributes:

@@ -7,6 +7,7 @@ from traces import new_id, request_trace
 from tokentrace.collector import sampling as sp
 from tokentrace.collector.pipeline import REFUSED_BUFFER_FULL, REFUSED_WRITER_BEHIND
 from tokentrace.collector.sampling import Sampler, SloLimits, parse_rules
+from tokentrace.instrumentation import semconv as sc
 
 
 def test_sampled_out_traces_still_have_summary_rows(make_rig) -> None:  # type: ignore[no-untyped-def]
@@ -48,10 +49,9 @@ def test_p99_of_model_route_keeps_the_outlier(make_rig) -> None:  # type: ignore
     rig.pipeline.decide_ready()
     stall = request_trace(ttft_ms=45, itl_ms=5, tokens=10)
     # one long stall in the decode: the largest inter-token gap is the outlier
-    stall[-1].attributes["tokentrace.token.offsets_us"][5] += 0
-    stall[-1].attributes["tokentrace.token.offsets_us"][6:] = [
-        t + 400_000 for t in stall[-1].attributes["tokentrace.token.offsets_us"][6:]
-    ]
+    attrs = stall[-1].attributes
+    offsets = sc.unpack_list(attrs[sc.TOKEN_OFFSETS_US])
+    attrs[sc.TOKEN_OFFSETS_US] = sc.pack_list(offsets[:6] + [t + 400_000 for t in offsets[6:]])
     slow_ttft = request_trace(ttft_ms=400)
     rig.pipeline.add(stall)
     rig.pipeline.add(slow_ttft)

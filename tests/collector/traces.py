@@ -34,8 +34,10 @@ def request_trace(
     service: str = "svc",
     attributes: dict[str, Any] | None = None,
     start_ns: int = T0,
+    packed: bool = True,
 ) -> list[Span]:
-    """Gives the ~6 spans of one request as the SDK emits them."""
+    """Gives the ~6 spans of one request as the SDK emits them (`packed`: token
+    times as one JSON string, as today's SDK sends them; else an int array)."""
     trace_id = trace_id or new_id(16)
     resource = {sc.SERVICE_NAME: service, sc.SERVICE_INSTANCE: "i-1"}
     root_id = new_id(8)
@@ -49,7 +51,7 @@ def request_trace(
     attrs = {
         sc.REQUEST_MODEL: model,
         sc.ROUTE: route,
-        sc.TOKEN_OFFSETS_US: offsets,
+        sc.TOKEN_OFFSETS_US: sc.pack_list(offsets) if packed else offsets,
         sc.OUTPUT_TOKENS: tokens,
         sc.PROMPT_TOKENS: 12,
         sc.REQUEST_ID: f"req-{trace_id[:8]}",

@@ -52,8 +52,11 @@ def test_client_span_is_parent_of_the_server_span(memory_sdk, app_url) -> None: 
     assert server.parent.span_id == client.context.span_id
     assert server.attributes[sc.ROUTE] == "/v1/stream/{name}"
     assert server.attributes[sc.HTTP_STATUS] == 200
-    assert len(server.attributes[sc.TOKEN_OFFSETS_US]) == TOKENS
-    offsets = list(client.attributes[sc.CLIENT_CHUNK_OFFSETS_US])
+    # token and chunk times go packed: one JSON string each, not an OTLP array
+    assert isinstance(server.attributes[sc.TOKEN_OFFSETS_US], str)
+    assert isinstance(client.attributes[sc.CLIENT_CHUNK_OFFSETS_US], str)
+    assert len(sc.unpack_list(server.attributes[sc.TOKEN_OFFSETS_US])) == TOKENS
+    offsets = sc.unpack_list(client.attributes[sc.CLIENT_CHUNK_OFFSETS_US])
     assert len(offsets) == TOKENS and offsets == sorted(offsets)
     assert client.attributes[sc.CLIENT_TTFC_S] == pytest.approx(offsets[0] / 1e6, abs=1e-6)
     assert client.attributes[sc.TENANT] == "acme"

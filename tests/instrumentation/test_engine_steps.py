@@ -45,7 +45,8 @@ def test_steps_become_one_root_span_the_analyzer_unpacks(memory_sdk) -> None:  #
     assert span.context.trace_id != req.context.trace_id
     assert span.resource.attributes["service.name"] == "sdk-test"
     assert span.attributes[sc.STEP_COUNT] == 3
-    assert list(span.attributes[sc.STEP_FORWARD_HOST_US]) == [-1, -1, -1]  # no timed forward ran
+    unforwarded = sc.unpack_list(span.attributes[sc.STEP_FORWARD_HOST_US])
+    assert unforwarded == [-1, -1, -1]  # no timed forward ran
 
     steps = extract_engine_steps(decode_protobuf(memory_sdk.otlp_bytes()))
     assert len(steps) == 3
@@ -63,6 +64,17 @@ def test_steps_become_one_root_span_the_analyzer_unpacks(memory_sdk) -> None:  #
     assert (second.decode_seqs, second.batch_size, second.kv_usage) == (2, 2, None)
     assert second.start_ns >= first.start_ns + first.duration_us * 1000
     assert (third.gpu_us, third.request_ids, third.duration_us) == (1234, ["req-b"], 3000)
+
+    # every per-step list goes packed: one JSON string, not an OTLP array of values
+    step_lists = {k for k in sc.PACKED_LISTS if k.startswith("tokentrace.step.")}
+    assert step_lists <= span.attributes.keys()
+    assert all(isinstance(span.attributes[k], str) for k in step_lists)
+    # an older SDK's arrays give the same steps
+    arrays = decode_protobuf(memory_sdk.otlp_bytes())
+    for decoded in arrays:
+        for key in step_lists & decoded.attributes.keys():
+            decoded.attributes[key] = sc.unpack_list(decoded.attributes[key])
+    assert extract_engine_steps(arrays) == steps
 
 
 def test_flusher_thread_emits_without_an_explicit_flush(memory_sdk, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -84,7 +96,7 @@ def test_bounded_buffer_drops_oldest_and_says_so(memory_sdk, monkeypatch) -> Non
                        batch_size=1, queue_depth=0)  # fmt: skip
     assert recorder.flush() == 4
     span = memory_sdk.spans(sc.SPAN_ENGINE_STEPS)[0]
-    assert list(span.attributes[sc.STEP_PREFILL_TOKENS]) == [6, 7, 8, 9]
+    assert sc.unpack_list(span.attributes[sc.STEP_PREFILL_TOKENS]) == [6, 7, 8, 9]
     assert span.attributes[sc.STEP_DROPPED] == 6
 
 

@@ -37,7 +37,7 @@ def test_span_is_built_by_the_daemon_thread_with_the_finish_time(memory_sdk, mon
     assert not req.span.is_recording()
     (span,) = memory_sdk.spans(sc.SPAN_REQUEST)
     assert finished_at <= span.end_time < finished_at + 100_000_000
-    assert len(span.attributes[sc.TOKEN_OFFSETS_US]) == 3
+    assert len(sc.unpack_list(span.attributes[sc.TOKEN_OFFSETS_US])) == 3
     (prefill,) = memory_sdk.spans(sc.PHASES["prefill"])
     assert prefill.parent.span_id == span.context.span_id
     assert prefill.end_time - prefill.start_time >= 2_000_000

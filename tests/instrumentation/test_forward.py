@@ -58,7 +58,7 @@ def test_callable_inside_engine_step_adds_to_the_step(memory_sdk) -> None:  # ty
         assert timed(1) == 2
     assert timed(5) == 6  # outside step and request: untimed pass-through
     span = memory_sdk.spans(sc.SPAN_ENGINE_STEPS)[0]
-    (host_us,) = span.attributes[sc.STEP_FORWARD_HOST_US]
+    (host_us,) = sc.unpack_list(span.attributes[sc.STEP_FORWARD_HOST_US])
     assert host_us >= SLEEP_S * 1e6
     steps = extract_engine_steps(decode_protobuf(memory_sdk.otlp_bytes()))
     assert steps[0].gpu_us is None  # no CUDA here

@@ -75,7 +75,7 @@ def test_what_the_host_does_to_the_span_before_the_build_lands_on_it(memory_sdk)
     assert [e.name for e in span.events] == ["cache.miss", "exception"]
     assert span.events[1].attributes["exception.type"] == "ValueError"
     assert span.status.status_code is StatusCode.ERROR
-    assert len(span.attributes[sc.TOKEN_OFFSETS_US]) == 3
+    assert len(sc.unpack_list(span.attributes[sc.TOKEN_OFFSETS_US])) == 3
 
 
 def test_span_end_finishes_the_request(memory_sdk) -> None:  # type: ignore[no-untyped-def]
@@ -129,11 +129,11 @@ def test_batch_forms_record_what_the_per_request_forms_do(memory_sdk) -> None:  
     for r in reqs:
         r.finish()
     (steps,) = memory_sdk.spans(sc.SPAN_ENGINE_STEPS)
-    assert list(steps.attributes[sc.STEP_DECODE_SEQS]) == [3]
-    assert list(steps.attributes[sc.STEP_PREFILL_TOKENS]) == [5]
-    assert list(steps.attributes[sc.STEP_REQUEST_IDS]) == [",".join([*ids, "req-new"])]
+    assert sc.unpack_list(steps.attributes[sc.STEP_DECODE_SEQS]) == [3]
+    assert sc.unpack_list(steps.attributes[sc.STEP_PREFILL_TOKENS]) == [5]
+    assert sc.unpack_list(steps.attributes[sc.STEP_REQUEST_IDS]) == [",".join([*ids, "req-new"])]
     by_id = {s.attributes[sc.REQUEST_ID]: s for s in memory_sdk.spans(sc.SPAN_REQUEST)}
-    offsets = [by_id[i].attributes[sc.TOKEN_OFFSETS_US] for i in ids]
+    offsets = [sc.unpack_list(by_id[i].attributes[sc.TOKEN_OFFSETS_US]) for i in ids]
     assert [len(o) for o in offsets] == [2, 1, 1]
 
 
@@ -156,7 +156,9 @@ def test_token_batches_give_each_member_its_own_token_times(memory_sdk) -> None:
     a.finish()
     c.finish()
     by_id = {s.attributes[sc.REQUEST_ID]: s for s in memory_sdk.spans(sc.SPAN_REQUEST)}
-    offsets = {r: list(by_id[r.request_id].attributes[sc.TOKEN_OFFSETS_US]) for r in (a, b, c)}
+    offsets = {
+        r: sc.unpack_list(by_id[r.request_id].attributes[sc.TOKEN_OFFSETS_US]) for r in (a, b, c)
+    }
     assert [len(offsets[r]) for r in (a, b, c)] == [8, 4, 1]
     assert offsets[a] == sorted(offsets[a])  # its own tokens and its batches' merged in time
     assert by_id[a.request_id].attributes[sc.OUTPUT_TOKENS] == 8

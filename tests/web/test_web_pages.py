@@ -177,7 +177,7 @@ def test_otlp_export_round_trips_through_the_collector_decoder(web: WebServer) -
     assert len(spans) == shown["span_count"] > 0
     by_name = {s.name: s for s in spans}
     req = by_name[sc.SPAN_REQUEST]
-    assert req.attributes[sc.TOKEN_OFFSETS_US] == [
+    assert sc.unpack_list(req.attributes[sc.TOKEN_OFFSETS_US]) == [
         (t - req.start_ns) // 1000 for t in web.requests[0].tokens_abs_ns
     ]
     assert req.attributes["user.note"] == XSS_ATTR and req.status_code == 2

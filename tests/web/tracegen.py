@@ -109,7 +109,8 @@ def _request_spans(rng: random.Random, i: int, start: int, evil: bool) -> tuple[
     chunk_offsets_us = [(x - start + network_ns // 2) // 1000 for x in tokens]
     req_attrs: dict[str, Any] = {
         sc.REQUEST_ID: request_id, sc.REQUEST_MODEL: model, sc.TENANT: tenant, sc.TRAFFIC_CLASS: klass,
-        sc.PROMPT_TOKENS: rng.randint(20, 2000), sc.OUTPUT_TOKENS: n_tokens, sc.TOKEN_OFFSETS_US: offsets_us,
+        sc.PROMPT_TOKENS: rng.randint(20, 2000), sc.OUTPUT_TOKENS: n_tokens,
+        sc.TOKEN_OFFSETS_US: sc.pack_list(offsets_us),  # as the SDK sends it (client chunks: an array)
         sc.ROUTE: "/v1/chat/completions",
     }  # fmt: skip
     name = sc.SPAN_REQUEST
@@ -159,6 +160,7 @@ def _engine_step_spans(rng: random.Random, requests: list[GeneratedRequest], t0:
             sc.STEP_DECODE_SEQS: decode[sl], sc.STEP_BATCH_SIZE: batch[sl], sc.STEP_QUEUE_DEPTH: queue[sl],
             sc.STEP_KV_USAGE: kv[sl], sc.STEP_GPU_US: gpu[sl], sc.STEP_REQUEST_IDS: req_ids[sl],
         }  # fmt: skip
+        attrs = {key: sc.pack_list(values) for key, values in attrs.items()}  # as the SDK sends them
         spans.append(
             _span(trace_id, f"{rng.getrandbits(64):016x}", "", sc.SPAN_ENGINE_STEPS, 1, starts[sl][0],
                   starts[sl][-1] + STEP_NS, attrs)
