@@ -213,6 +213,7 @@ def configure(
                     max_export_batch_size=512,
                 )
             )
+    _warn_if_lists_get_cut(tracer_provider)
     tracing = Tracing(settings, tracer_provider, owns_provider=owns)
     # At exit, what waits in the SDK's queues (finished requests, engine steps)
     # must become spans before the provider's own atexit shutdown exports the
@@ -226,6 +227,26 @@ def configure(
     if previous is not None:
         previous.shutdown()
     return tracing
+
+
+def _warn_if_lists_get_cut(provider: TracerProvider) -> None:
+    """Says when an attribute length limit will cut the SDK's packed lists short.
+
+    Token times and engine steps travel as one JSON string each (semconv.PACKED_LISTS);
+    a cut string is unreadable, and the analyzer ignores it.
+    """
+    # OpenTelemetry has no public accessor; the limits come from SpanLimits or
+    # OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT / OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT
+    limits = getattr(provider, "_span_limits", None)
+    limit = getattr(limits, "max_span_attribute_length", None)
+    if isinstance(limit, int) and limit >= 0:
+        logger.warning(
+            "tokentrace: span attribute values are limited to %d characters "
+            "(OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT / OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT or "
+            "SpanLimits): token times and engine steps longer than that (~8 characters "
+            "an entry) are cut short and ignored by the analyzer; unset the limit or raise it",
+            limit,
+        )
 
 
 def get_tracing() -> Tracing:
