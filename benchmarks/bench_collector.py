@@ -142,8 +142,8 @@ def start_serve(db: Path, port: int, extra: list[str]) -> subprocess.Popen[bytes
 
 
 def run(seconds: float, traces_per_export: int, grace_s: float, extra: list[str],
-        senders: int = 2) -> dict[str, Any]:  # fmt: skip
-    payloads = build_payloads(64, traces_per_export)
+        senders: int = 2, packed: bool = True) -> dict[str, Any]:  # fmt: skip
+    payloads = build_payloads(64, traces_per_export, packed=packed)
     spans_per_export = traces_per_export * SPANS_PER_TRACE
     ceiling = parse_rate(payloads, spans_per_export)
     with tempfile.TemporaryDirectory() as tmp:
@@ -202,11 +202,15 @@ def main() -> None:
     ap.add_argument("--traces-per-export", type=int, default=200)
     ap.add_argument("--grace-s", type=float, default=0.5)
     ap.add_argument("--senders", type=int, default=2, help="sending threads (exports in flight)")
+    ap.add_argument("--array-offsets", action="store_true",
+                    help="token times as an OTLP int array (older SDKs), not a packed string")  # fmt: skip
     ap.add_argument("serve_args", nargs="*", help="extra `tokentrace serve` flags (after --)")
     args = ap.parse_args()
-    r = run(args.seconds, args.traces_per_export, args.grace_s, args.serve_args, args.senders)
+    r = run(args.seconds, args.traces_per_export, args.grace_s, args.serve_args, args.senders,
+            packed=not args.array_offsets)  # fmt: skip
     print(f"cores: {os.cpu_count()}  payload: {args.traces_per_export} traces x "
-          f"{SPANS_PER_TRACE} spans per export, grace {args.grace_s}s, {args.senders} senders, "
+          f"{SPANS_PER_TRACE} spans per export, token times "
+          f"{'an int array' if args.array_offsets else 'packed'}, grace {args.grace_s}s, {args.senders} senders, "
           f"serve flags: {' '.join(args.serve_args) or 'defaults'}")  # fmt: skip
     print(f"accepted {r['spans_accepted']:.0f} spans; stored {r['requests_written']:.0f} request "
           f"summaries (every request) and {r['spans_kept_written']:.0f} kept spans; "

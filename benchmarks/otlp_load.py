@@ -1,5 +1,6 @@
-"""Realistic OTLP load: tokentrace-convention request traces (~6 spans each, a
-token-offsets array on the request span), many traces per export, as the SDK's
+"""Realistic OTLP load: tokentrace-convention request traces (~6 spans each, the
+token times on the request span packed as one JSON string as today's SDK sends
+them, or an int array as older SDKs did), many traces per export, as the SDK's
 batch exporter sends them.
 
     python benchmarks/otlp_load.py --endpoint http://127.0.0.1:4318 --seconds 10 --rate 20000
@@ -22,6 +23,8 @@ from urllib.parse import urlsplit
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from tokentrace.instrumentation.semconv import TOKEN_OFFSETS_US, pack_list
+
 SPANS_PER_TRACE = 6
 #: Every trace id of a template starts with this; each send replaces it with a
 #: fresh 4-byte counter (one C-speed `bytes.replace`), so a payload can be sent
@@ -38,8 +41,11 @@ def _kv(key: str, **value: object) -> KeyValue:
     return KeyValue(key=key, value=AnyValue(**value))  # type: ignore[arg-type]
 
 
-def build_export(traces: int, rng: random.Random, start_ns: int | None = None) -> bytes:
-    """Gives one serialized ExportTraceServiceRequest of `traces` request traces."""
+def build_export(
+    traces: int, rng: random.Random, start_ns: int | None = None, packed: bool = True
+) -> bytes:
+    """Gives one serialized ExportTraceServiceRequest of `traces` request traces
+    (`packed`: token times as one JSON string, else an OTLP int array)."""
     req = ExportTraceServiceRequest()
     rs = req.resource_spans.add()
     rs.resource.attributes.extend([
@@ -71,7 +77,10 @@ def build_export(traces: int, rng: random.Random, start_ns: int | None = None) -
         ps.trace_id, ps.span_id, ps.name, ps.kind = trace_id, root_id, "tokentrace.request", 2
         ps.start_time_unix_nano, ps.end_time_unix_nano = t0, t0 + end_us * 1000
         offsets_value = AnyValue()
-        offsets_value.array_value.values.extend(AnyValue(int_value=o) for o in offsets)
+        if packed:
+            offsets_value.string_value = pack_list(offsets)
+        else:
+            offsets_value.array_value.values.extend(AnyValue(int_value=o) for o in offsets)
         ps.attributes.extend([
             _kv("gen_ai.request.model", string_value=rng.choice(MODELS)),
             _kv("http.route", string_value=rng.choice(ROUTES)),
@@ -79,7 +88,7 @@ def build_export(traces: int, rng: random.Random, start_ns: int | None = None) -
             _kv("tokentrace.request.id", string_value=trace_id.hex()[:16]),
             _kv("gen_ai.usage.input_tokens", int_value=rng.randint(20, 2000)),
             _kv("gen_ai.usage.output_tokens", int_value=tokens),
-            KeyValue(key="tokentrace.token.offsets_us", value=offsets_value),
+            KeyValue(key=TOKEN_OFFSETS_US, value=offsets_value),
         ])  # fmt: skip
         if rng.random() < 0.005:
             ps.status.code = 2  # type: ignore[assignment]
@@ -87,10 +96,12 @@ def build_export(traces: int, rng: random.Random, start_ns: int | None = None) -
     return req.SerializeToString()
 
 
-def build_payloads(count: int, traces_per_export: int, seed: int = 7) -> list[bytes]:
+def build_payloads(
+    count: int, traces_per_export: int, seed: int = 7, packed: bool = True
+) -> list[bytes]:
     """Gives `count` distinct serialized exports (built before timing starts)."""
     rng = random.Random(seed)
-    return [build_export(traces_per_export, rng) for _ in range(count)]
+    return [build_export(traces_per_export, rng, packed=packed) for _ in range(count)]
 
 
 @dataclass
