@@ -479,7 +479,7 @@ def main() -> None:
             f"  tokentrace RequestTrace.token()   {t['token'] / 1000:8.3f} µs   (goal <= 0.3 µs; the append)"
         )
         print(f"    incl. its share of the request  {t['token_exported'] / 1000:8.3f} µs   "
-              "(1000-token requests: span, offsets array built and exported at finish)")  # fmt: skip
+              "(1000-token requests: span, token times packed, built and exported at finish)")  # fmt: skip
         print(f"  OTel span.add_event               {t['add_event'] / 1000:8.3f} µs   "
               f"ratio add_event / token = {t['add_event'] / t['token']:.1f}x")  # fmt: skip
         print(f"  OTel start_span + end             {t['span'] / 1000:8.3f} µs   "
