@@ -8,9 +8,10 @@ What each request gets (DESIGN.md §2):
 - a request span continuing the client's `traceparent` (`tt.request(headers=...)`),
   with tenant, traffic class, model and request id;
 - `tokenize` / `detokenize` phases from the tokenizer wrapped by `tt.wrap_tokenizer`;
-- a `queue` phase from submit to admission into the running batch and a
-  `prefill` phase from admission to the first token (both marked on the
-  scheduler thread, at the moment they happen);
+- a `queue` phase from submit to admission into the running batch, a
+  `prefill` phase from admission to the first token and a `decode` phase from
+  the first token to the end (marked on the scheduler thread, at the moment
+  they happen);
 - `req.token()` at every token the model emits (an append);
 - errors recorded on the span.
 Each scheduler step is a `tt.engine_step` (prefill tokens and decodes per
@@ -107,10 +108,12 @@ class RequestTracing:
         if self._first_token:
             self._first_token = False
             self.req.end_phase("prefill")
+            self.req.start_phase("decode")
         self.req.token()
 
     def finish(
         self, prompt_tokens: int | None, output_tokens: int, error: BaseException | None = None
     ) -> None:
         self.req.set_tokens(prompt=prompt_tokens, output=output_tokens)
+        self.req.end_phase("decode")  # none started (no token): nothing to end
         self.req.finish(error)

@@ -7,6 +7,7 @@ DuckDB file afterwards with the analyzer, per scenario `service.name`.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ sys.path.insert(0, str(REPO))
 from examples.scenarios import SCENARIOS  # noqa: E402
 from tokentrace.analyzer.filters import Filters  # noqa: E402
 from tokentrace.analyzer.report import build_report  # noqa: E402
+from tokentrace.instrumentation import semconv as sc  # noqa: E402
 from tokentrace.store.connection import open_read_only  # noqa: E402
 
 
@@ -76,3 +78,38 @@ def test_top_finding_is_the_scenarios_complaint(demo_run: tuple[Path, str], scen
         assert found == [], f"{scenario.name}: {report['findings']}"
     else:
         assert found and found[0] == scenario.complaint, f"{scenario.name}: {report['findings']}"
+
+
+@pytest.mark.slow
+def test_kept_traces_hold_the_phase_tree_and_the_packed_token_times(
+    demo_run: tuple[Path, str],
+) -> None:
+    db, _ = demo_run
+    service = next(s.service for s in SCENARIOS if s.name == "stutter")
+    conn = open_read_only(db)
+    try:
+        rows = conn.execute(
+            "SELECT trace_id, name, attributes FROM spans WHERE service_name = ?", [service]
+        ).fetchall()
+        steps = conn.execute(
+            "SELECT count(*) FROM engine_steps WHERE service = ?", [service]
+        ).fetchone()[0]
+    finally:
+        conn.close()
+    names: dict[str, set[str]] = {}
+    offsets: dict[str, tuple[list[int], int]] = {}
+    for trace_id, name, attrs_json in rows:
+        names.setdefault(trace_id, set()).add(name)
+        attrs = json.loads(attrs_json)
+        if name == sc.SPAN_REQUEST and sc.TOKEN_OFFSETS_US in attrs:
+            packed = attrs[sc.TOKEN_OFFSETS_US]
+            assert isinstance(packed, str)  # stored as the SDK sent it
+            offsets[trace_id] = (sc.unpack_list(packed), attrs[sc.OUTPUT_TOKENS])
+    assert offsets, "no kept request span with token times"
+    for trace_id, (times, output_tokens) in offsets.items():
+        assert len(times) == output_tokens and times == sorted(times)
+        phases = {sc.SPAN_TOKENIZE, sc.SPAN_QUEUE, sc.SPAN_PREFILL}
+        if output_tokens > 1:
+            phases.add(sc.SPAN_DECODE)
+        assert phases <= names[trace_id], (trace_id, names[trace_id])
+    assert steps > 0  # the engine's packed step lists became engine_steps rows
