@@ -83,7 +83,8 @@ def _attrs(kvs: Any) -> dict[str, Any]:
 
 # ---- long int arrays (token offsets) straight from the wire ------------------
 # upb builds one Python wrapper per array element (~0.13 µs each); a token
-# offsets array has ~70-1000 of them on every request span.  Instead the
+# offsets array from an older SDK (today's packs it into one string) has
+# ~70-1000 of them on every request span.  Instead the
 # arrays of one export are re-serialized (C speed) and their varints decoded
 # in one numpy pass.  Only arrays whose every element is exactly
 # `AnyValue{int_value}` take this path; anything else falls back to `_array`.

@@ -3,9 +3,9 @@
 Hot-path cost is kept to appends: `token()` appends one integer, phases append
 a tuple, `finish()` queues the request.  Phase spans are created after the
 request finishes, with their recorded start and end times, by a daemon thread
-(`RequestFinisher`): building spans is OpenTelemetry's costliest part (~10 µs
-a span, ~15 µs for a 128-token offsets array) and the host's serving loop
-should not pay it.  A scheduler thread can mark phases of a request it does
+(`RequestFinisher`): building spans is OpenTelemetry's costliest part (~8–10 µs
+a span, and as much again to encode it) and the host's serving loop should not
+pay it.  The token times go as one packed string (`semconv.PACKED_LISTS`).  A scheduler thread can mark phases of a request it does
 not hold the context of.
 """
 
