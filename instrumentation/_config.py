@@ -243,8 +243,9 @@ def _warn_if_lists_get_cut(provider: TracerProvider) -> None:
         logger.warning(
             "tokentrace: span attribute values are limited to %d characters "
             "(OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT / OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT or "
-            "SpanLimits): token times and engine steps longer than that (~8 characters "
-            "an entry) are cut short and ignored by the analyzer; unset the limit or raise it",
+            "SpanLimits): token times and engine steps packed longer than that (a token "
+            "~8 characters, a step's request ids many more) are cut short and ignored by the "
+            "analyzer; unset the limit",
             limit,
         )
 
