@@ -5,8 +5,8 @@ a tuple, `finish()` queues the request.  Phase spans are created after the
 request finishes, with their recorded start and end times, by a daemon thread
 (`RequestFinisher`): building spans is OpenTelemetry's costliest part (~8–10 µs
 a span, and as much again to encode it) and the host's serving loop should not
-pay it.  The token times go as one packed string (`semconv.PACKED_LISTS`).  A scheduler thread can mark phases of a request it does
-not hold the context of.
+pay it.  The token times go as one packed string (`semconv.PACKED_LISTS`).  A
+scheduler thread can mark phases of a request it does not hold the context of.
 """
 
 from __future__ import annotations
