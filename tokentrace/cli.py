@@ -25,6 +25,7 @@ def _add_db(p: argparse.ArgumentParser) -> None:
 
 
 def _add_window(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--service", help="only requests of this service.name (e.g. tiny-llm-stutter)")
     p.add_argument("--model", help="only requests of this model")
     p.add_argument("--tenant", help="only requests of this tenant")
     p.add_argument("--traffic-class", choices=("interactive", "batch"), help="only this class")
@@ -56,6 +57,7 @@ def _filters(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         model=args.model,
         tenant=args.tenant,
         traffic_class=args.traffic_class,
+        service=args.service,
     )
 
 

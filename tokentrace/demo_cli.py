@@ -217,6 +217,8 @@ def run_demo(args: argparse.Namespace) -> int:
             mark = "✓" if expected == top else "✗"
             print(f"{mark} {name:<23} {expected or '(none)':<25} {top or '(none)'}")
         print(f"\nexplore the traces: {demo.web_url}   (service = tiny-llm-<scenario>)", flush=True)
+        print(f"once the demo stops, a scenario's report: tokentrace report --db {settings.db} "
+              "--service tiny-llm-<scenario>", flush=True)  # fmt: skip
         if not args.exit:
             print("the explorer stays up; Ctrl-C to stop", flush=True)
             try:

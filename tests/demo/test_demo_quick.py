@@ -54,6 +54,7 @@ def test_demo_prints_a_diagnosis_per_scenario_and_the_explorer(demo_run: tuple[P
     for scenario in SCENARIOS:
         assert f"▶ {scenario.name}:" in output, output
     assert "explore the traces: http://127.0.0.1:" in output
+    assert "tokentrace report --db " in output and "--service tiny-llm-<scenario>" in output
     assert "diagnosis failed" not in output, output
 
 

@@ -124,6 +124,30 @@ def test_report_and_requests_commands(serve, sdk, tmp_path) -> None:  # type: ig
     assert csv.splitlines()[0].startswith('"trace_id"')
 
 
+def test_report_and_requests_keep_to_one_service(serve) -> None:  # type: ignore[no-untyped-def]
+    for service, count in (("e2e-a", 2), ("e2e-b", 1)):
+        tracing = tt.configure(endpoint=serve.otlp_http, service_name=service)
+        for i in range(count):
+            with tt.request(model="tiny", request_id=f"{service}-{i}") as req:
+                req.token()
+        assert tracing.force_flush(10_000)
+    tt.shutdown()
+    serve.stop()
+    run = [sys.executable, "-m", "tokentrace"]
+
+    def report(*flags: str) -> dict:  # type: ignore[type-arg]
+        out = subprocess.run([*run, "report", "--db", str(serve.db), "--format", "json", *flags],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        return json.loads(out)  # type: ignore[no-any-return]
+
+    assert report()["requests"]["count"] == 3
+    assert report("--service", "e2e-a")["requests"]["count"] == 2
+    assert report("--service", "e2e-b")["requests"]["count"] == 1
+    lines = subprocess.run([*run, "requests", "--db", str(serve.db), "--service", "e2e-a"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+    assert sorted(json.loads(line)["request_id"] for line in lines) == ["e2e-a-0", "e2e-a-1"]
+
+
 def test_sdk_import_is_light() -> None:
     code = (
         "import sys, tokentrace.instrumentation\n"

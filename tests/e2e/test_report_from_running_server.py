@@ -71,6 +71,9 @@ def test_report_by_url_while_serve_holds_the_db(tmp_path: Path) -> None:
             "--url", serve.web, "--token", TOKEN, "--format", "json", "--model", "other"
         )
         assert json.loads(only_other.stdout)["requests"]["count"] == 0
+        for service, count in (("remote-report", 3), ("another-service", 0)):
+            one = _report("--url", serve.web, "--token", TOKEN, "--format", "json", "--service", service)
+            assert json.loads(one.stdout)["requests"]["count"] == count, one.stderr
 
 
 def test_requests_by_url_while_serve_holds_the_db(tmp_path: Path) -> None:
