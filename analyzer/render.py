@@ -3,9 +3,35 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from typing import Any
 
 from tokentrace.analyzer.report import BUCKETS, PERCENTILES
+
+
+def _when(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def describe_window(report: dict[str, Any]) -> str:
+    """Gives what the report looks at in one line: its requests' time range and its filters."""
+    window = report.get("window") or {}
+    parts = []
+    if window.get("start_ns") is not None and window.get("end_ns") is not None:
+        parts.append(f"requests started {_when(window['start_ns'])} → {_when(window['end_ns'])}")
+    for key, value in (window.get("filters") or {}).items():
+        if key in ("start_ns", "end_ns"):
+            parts.append(f"{'since' if key == 'start_ns' else 'until'} {_when(value)}")
+        else:
+            parts.append(f"{key.replace('_', '-')} {value}")
+    return " · ".join(parts)
+
+
+def no_requests_message(report: dict[str, Any]) -> str:
+    """Says why a report is empty: nothing arrived yet, or the filters match nothing."""
+    if (report.get("window") or {}).get("filters"):
+        return f"No requests match {describe_window(report)}."
+    return "No requests in this window yet: point your server's OTLP exporter at the collector."
 
 
 def _ms(v: float | None) -> str:
@@ -21,13 +47,14 @@ def render_json(report: dict[str, Any]) -> str:
 def render_text(report: dict[str, Any]) -> str:
     """Gives the report as plain text, readable at a glance in a terminal."""
     req = report["requests"]
+    window = describe_window(report)
     lines = [
-        "tokentrace report",
+        "tokentrace report" + (f"  ({window})" if window else ""),
         f"requests: {req['count']}  (kept traces: {req['kept_traces']}, errors: {req['errors']})",
         "",
     ]
     if not req["count"]:
-        lines.append("No requests in this window yet: point your server's OTLP exporter at the collector.")
+        lines.append(no_requests_message(report))
         return "\n".join(lines) + "\n"
     lines.append(f"{'latency':<12}" + "".join(f"{p:>11}" for p in PERCENTILES))
     labels = {
@@ -84,14 +111,16 @@ def _md_escape(text: object) -> str:
 def render_markdown(report: dict[str, Any]) -> str:
     """Gives the report as GitHub-flavoured markdown (tables, a list of findings)."""
     req = report["requests"]
+    window = describe_window(report)
     out = [
         "# tokentrace report",
         "",
+        *([f"_{window}_", ""] if window else []),
         f"**{req['count']}** requests, {req['kept_traces']} kept traces, {req['errors']} errors.",
         "",
     ]
     if not req["count"]:
-        out.append("No requests in this window.")
+        out.append(no_requests_message(report))
         return "\n".join(out) + "\n"
     out += ["## Latency", "", "| | " + " | ".join(PERCENTILES) + " |", "|---|" + "---:|" * len(PERCENTILES)]
     for key, label in (("e2e", "end-to-end"), ("ttft", "TTFT"), ("ttft_client", "TTFT (user)"),

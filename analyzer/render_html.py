@@ -10,6 +10,7 @@ import html
 import math
 from typing import Any
 
+from tokentrace.analyzer.render import describe_window, no_requests_message
 from tokentrace.analyzer.report import BUCKETS, PERCENTILES
 
 W, H, PAD = 720, 220, 44
@@ -126,6 +127,7 @@ def render_html(report: dict[str, Any]) -> str:
         "th{text-align:left}.finding{border-left:4px solid #d79b00;padding-left:1em;margin:1em 0}"
         "small{color:#666;font-weight:normal}</style></head><body>",
         "<h1>tokentrace report</h1>",
+        f"<p><small>{_e(describe_window(report))}</small></p>",
         f"<p><b>{_e(req['count'])}</b> requests · {_e(req['kept_traces'])} kept traces · {_e(req['errors'])} errors</p>",
     ]
     if req["count"]:
@@ -140,6 +142,6 @@ def render_html(report: dict[str, Any]) -> str:
             "<h2>Inter-token gaps</h2>", _itl_svg(report.get("itl_histogram") or []),
         ]
     else:
-        body.append("<p>No requests in this window.</p>")
+        body.append(f"<p>{_e(no_requests_message(report))}</p>")
     body.append("</body></html>\n")
     return "\n".join(body)

@@ -25,9 +25,9 @@ def db(write_workload, tmp_path: Path) -> Path:  # type: ignore[no-untyped-def]
     return tmp_path / "r.duckdb"
 
 
-def _report(db: Path, fmt: str) -> str:
+def _report(db: Path, fmt: str, *flags: str) -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "tokentrace", "report", "--db", str(db), "--format", fmt],
+        [sys.executable, "-m", "tokentrace", "report", "--db", str(db), "--format", fmt, *flags],
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert proc.returncode == 0, proc.stderr
@@ -77,3 +77,15 @@ def test_empty_database_reports_cleanly(write_workload, tmp_path: Path) -> None:
 
     for render in (render_text, render_markdown, render_html):
         assert render(report)
+
+
+def test_every_format_says_which_requests_it_looks_at(db: Path) -> None:
+    text = _report(db, "text", "--tenant", "smallco")
+    head = text.splitlines()[0]
+    assert head.startswith("tokentrace report  (requests started ") and "tenant smallco" in head
+    assert "tenant smallco" in _report(db, "markdown", "--tenant", "smallco")
+    assert "tenant smallco" in _report(db, "html", "--tenant", "smallco")
+    # filters that match nothing say so, not "point your exporter at the collector"
+    empty = _report(db, "text", "--service", "no-such-service", "--until", "2020-01-01T00:00:00Z")
+    assert "No requests match until 2020-01-01 00:00:00Z · service no-such-service." in empty
+    assert "OTLP exporter" not in empty
