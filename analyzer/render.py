@@ -115,12 +115,12 @@ def render_markdown(report: dict[str, Any]) -> str:
     out = [
         "# tokentrace report",
         "",
-        *([f"_{window}_", ""] if window else []),
+        *([f"_{_md_escape(window)}_", ""] if window else []),
         f"**{req['count']}** requests, {req['kept_traces']} kept traces, {req['errors']} errors.",
         "",
     ]
     if not req["count"]:
-        out.append(no_requests_message(report))
+        out.append(_md_escape(no_requests_message(report)))
         return "\n".join(out) + "\n"
     out += ["## Latency", "", "| | " + " | ".join(PERCENTILES) + " |", "|---|" + "---:|" * len(PERCENTILES)]
     for key, label in (("e2e", "end-to-end"), ("ttft", "TTFT"), ("ttft_client", "TTFT (user)"),

@@ -89,3 +89,4 @@ def test_every_format_says_which_requests_it_looks_at(db: Path) -> None:
     empty = _report(db, "text", "--service", "no-such-service", "--until", "2020-01-01T00:00:00Z")
     assert "No requests match until 2020-01-01 00:00:00Z · service no-such-service." in empty
     assert "OTLP exporter" not in empty
+    assert "service no\\_such\\_service" in _report(db, "markdown", "--service", "no_such_service")
