@@ -423,36 +423,65 @@ def interleaved_ratio(
     return plain / sum(res["instrumented"][3][part])
 
 
-def bench_full_request(n: int = 300, tokens: int = 64) -> float:
+def full_requests(count: int, tokens: int = 64) -> None:
+    """Runs `count` fully instrumented requests of `tokens` tokens, one engine step a token."""
     model = tt.instrument_model(lambda x: x)
     tok = tt.wrap_tokenizer(
         type("Tok", (), {"encode": staticmethod(str.split), "decode": staticmethod(" ".join)})()
     )
+    for _ in range(count):
+        with (
+            tt.client_request(model="tiny") as cr,
+            tt.request(headers=cr.headers(), model="tiny") as req,
+        ):
+            tok.encode("a b c")
+            req.start_phase("queue")
+            req.end_phase("queue")
+            req.start_phase("prefill")
+            for i in range(tokens):
+                with tt.engine_step() as step:
+                    step.decode(req.request_id)
+                    model(i)
+                req.token()
+                cr.chunk()
+                if i == 0:
+                    req.end_phase("prefill")
+                    req.start_phase("decode")
+            req.end_phase("decode")
+            tok.decode(["a", "b"])
+            req.set_tokens(prompt=3)
 
-    def one(count: int) -> None:
-        for _ in range(count):
-            with (
-                tt.client_request(model="tiny") as cr,
-                tt.request(headers=cr.headers(), model="tiny") as req,
-            ):
-                tok.encode("a b c")
-                req.start_phase("queue")
-                req.end_phase("queue")
-                req.start_phase("prefill")
-                for i in range(tokens):
-                    with tt.engine_step() as step:
-                        step.decode(req.request_id)
-                        model(i)
-                    req.token()
-                    cr.chunk()
-                    if i == 0:
-                        req.end_phase("prefill")
-                        req.start_phase("decode")
-                req.end_phase("decode")
-                tok.decode(["a", "b"])
-                req.set_tokens(prompt=3)
 
-    return best_ns_per_op(one, n, repeats=3)
+def bench_full_request(n: int = 300) -> float:
+    return best_ns_per_op(full_requests, n, repeats=3)
+
+
+def plain_spans(count: int) -> None:
+    start = tt.get_tracing().tracer.start_span
+    for _ in range(count):
+        start("plain").end()
+
+
+def process_cost(tracing: tt.Tracing, run: Callable[[int], None], n: int) -> tuple[float, float]:
+    """Gives (process CPU, caller's thread CPU) in ns per unit of `run(n)`, best of 3.
+
+    The process CPU takes in what the daemon threads do later: `run` goes
+    with the background held, then a flush builds, encodes (`DropExporter`)
+    and drops every span it made.
+    """
+    best = (float("inf"), float("inf"))
+    for _ in range(3):
+        gc.collect()
+        hold_background()
+        p0, t0 = time.process_time_ns(), time.thread_time_ns()
+        try:
+            run(n)
+        finally:
+            t1 = time.thread_time_ns()
+            release_background()
+        tracing.force_flush()
+        best = min(best, ((time.process_time_ns() - p0) / n, (t1 - t0) / n))
+    return best
 
 
 def print_decode(d: dict[str, float]) -> None:
@@ -493,6 +522,12 @@ def main() -> None:
         print(f"  {full / 1000:8.1f} µs per request on the caller's thread ({full / 64 / 1000:.2f} µs per token "
               f"incl. its step; the 64 token appends {per_token_part / 1000:.1f} µs of it);")  # fmt: skip
         print("  its spans are built and exported by the SDK's daemon threads, beside it")
+        req_cpu, req_caller = process_cost(tracing, full_requests, 300)
+        span_cpu, _ = process_cost(tracing, plain_spans, 5_000)
+        print(f"  {req_cpu / 1000:8.1f} µs CPU per request in all, its spans built and OTLP-encoded "
+              f"({req_caller / 1000:.1f} µs on the caller's thread);")  # fmt: skip
+        print(f"  a plain OTel span started, ended and encoded: {span_cpu / 1000:.1f} µs CPU: "
+              f"the request costs the process {req_cpu / span_cpu:.1f} such spans")  # fmt: skip
         torch.manual_seed(0)
         torch.set_num_threads(1)
         llm = build_model(ModelConfig(vocab_size=4096, max_seq_len=256), "cpu")
