@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import random
 import statistics
 import sys
 import threading
@@ -345,7 +346,7 @@ def bench_decode(
     chunk: int = 48,
     rounds: int = 300,
     hot_bound: bool = False,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Gives a decode loop's throughput instrumented vs plain, and the noise floor.
 
     Three loops with their own slots and requests run interleaved, a chunk
@@ -401,6 +402,8 @@ def bench_decode(
         "thread": (pa[1] + pb[1]) / 2 / inst[1],
         "process": (pa[2] + pb[2]) / 2 / inst[2],
         "control": pa[0] / pb[0],
+        "wall_ci": round_interval([(a + b) / 2 for a, b in zip(pa[3], pb[3], strict=True)], inst[3]),
+        "control_ci": round_interval(pa[3], pb[3]),
         "half1": interleaved_ratio(res, slice(0, half)),
         "half2": interleaved_ratio(res, slice(half, None)),
         # per round, robust to a burst of the neighbours' load landing on one chunk
@@ -413,6 +416,24 @@ def bench_decode(
         "overhead_us": overhead_us,
         "derived": step_s * 1e6 / (step_s * 1e6 + overhead_us),
     }
+
+
+def round_interval(
+    num: list[float], den: list[float], draws: int = 2_000, seed: int = 0
+) -> tuple[float, float]:
+    """Gives the 95 % bootstrap interval of sum(num) / sum(den) over the rounds.
+
+    Rounds are drawn again with replacement: how far the ratio of the same
+    loops could fall on this machine by which rounds the neighbours' load hit.
+    """
+    rng = random.Random(seed)
+    n = len(num)
+    ratios = []
+    for _ in range(draws):
+        picks = [rng.randrange(n) for _ in range(n)]
+        ratios.append(sum(num[i] for i in picks) / sum(den[i] for i in picks))
+    ratios.sort()
+    return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
 
 
 def interleaved_ratio(
@@ -484,11 +505,15 @@ def process_cost(tracing: tt.Tracing, run: Callable[[int], None], n: int) -> tup
     return best
 
 
-def print_decode(d: dict[str, float]) -> None:
+def print_decode(d: dict[str, Any]) -> None:
     print(f"  plain         {d['plain']:10.0f} tokens/s   (step {d['step_us'] / 1000:.2f} ms)")
     print(f"  instrumented  {d['inst']:10.0f} tokens/s   (the SDK: {d['cost_us']:.1f} µs per step)")
     print(f"  instrumented / plain, wall-clock throughput = {d['wall'] * 100:.1f} %   (goal >= 98 %; "
           f"first half {d['half1'] * 100:.1f} %, second half {d['half2'] * 100:.1f} %)")  # fmt: skip
+    lo, hi = d["wall_ci"]
+    clo, chi = d["control_ci"]
+    print(f"    95 % interval over the rounds            = {lo * 100:.1f}-{hi * 100:.1f} %   "
+          f"(the control's: {clo * 100:.1f}-{chi * 100:.1f} %)")  # fmt: skip
     print(f"    the median of the rounds' ratios          = {d['median'] * 100:.1f} %   "
           "(a burst of load on one chunk moves it least)")  # fmt: skip
     print(f"  control: plain A / plain B, the same ways   = {d['control'] * 100:.1f} % / "
