@@ -5,6 +5,11 @@ UNAVAILABLE under backpressure (the OTel exporters back off and retry),
 INVALID_ARGUMENT for bad data (not retried), RESOURCE_EXHAUSTED for messages
 over `max_body_bytes` (grpc enforces the receive limit itself), and a partial
 success when only some spans were rejected.
+
+The services take the raw request bytes and parse them here: grpc's own
+deserializer answers a malformed message with INTERNAL "Exception
+deserializing request!" (and logs a traceback), where the sender needs
+INVALID_ARGUMENT and what is wrong with it.
 """
 
 from __future__ import annotations
@@ -13,19 +18,13 @@ from concurrent import futures
 from typing import Any
 
 import grpc
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from tokentrace.collector.otlp import OtlpDecodeError, spans_from_request
-from tokentrace.collector.otlp_metrics import gpu_rows_from_request
+from tokentrace.collector.otlp import OtlpDecodeError, parse_trace_request, spans_from_request
+from tokentrace.collector.otlp_metrics import gpu_rows_from_request, parse_metrics_request
 from tokentrace.collector.pipeline import Pipeline
 from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.writer import WriteBatch
@@ -35,17 +34,21 @@ from tokentrace.collector.writer import WriteBatch
 RETRY_AFTER_S = 1
 
 
-class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
+TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
+
+
+class _TraceService:
     def __init__(self, pipeline: Pipeline, metrics: CollectorMetrics) -> None:
         self._pipeline = pipeline
         self._m = metrics
 
     def Export(  # noqa: N802 - the generated servicer's name
-        self, request: ExportTraceServiceRequest, context: grpc.ServicerContext
+        self, body: bytes, context: grpc.ServicerContext
     ) -> ExportTraceServiceResponse:
         m = self._m
         try:
-            spans, rejected = spans_from_request(request)
+            spans, rejected = spans_from_request(parse_trace_request(body))
         except (OtlpDecodeError, ValueError) as exc:
             m.exports_refused.labels("grpc", "INVALID_ARGUMENT").inc()
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -70,15 +73,19 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         return reply
 
 
-class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
+class _MetricsService:
     def __init__(self, pipeline: Pipeline, metrics: CollectorMetrics) -> None:
         self._pipeline = pipeline
         self._m = metrics
 
     def Export(  # noqa: N802 - the generated servicer's name
-        self, request: ExportMetricsServiceRequest, context: grpc.ServicerContext
+        self, body: bytes, context: grpc.ServicerContext
     ) -> ExportMetricsServiceResponse:
-        result = gpu_rows_from_request(request)
+        try:
+            result = gpu_rows_from_request(parse_metrics_request(body))
+        except (OtlpDecodeError, ValueError) as exc:
+            self._m.exports_refused.labels("grpc", "INVALID_ARGUMENT").inc()
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if result.rows and not self._pipeline.add_engine_data(WriteBatch(gpu_samples=result.rows)):
             self._m.exports_refused.labels("grpc", "UNAVAILABLE").inc()
             context.abort(grpc.StatusCode.UNAVAILABLE, "writer behind; retry later")
@@ -88,6 +95,18 @@ class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
             reply.partial_success.rejected_data_points = result.rejected_points
             reply.partial_success.error_message = result.message
         return reply
+
+
+def _export_handler(service: str, export: Any) -> grpc.GenericRpcHandler:
+    """The service's Export method on raw request bytes (no request_deserializer)."""
+    return grpc.method_handlers_generic_handler(
+        service,
+        {
+            "Export": grpc.unary_unary_rpc_method_handler(
+                export, response_serializer=lambda reply: reply.SerializeToString()
+            )
+        },
+    )
 
 
 def start_grpc_server(
@@ -108,12 +127,17 @@ def start_grpc_server(
         ],
         maximum_concurrent_rpcs=workers * 8,
     )
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(pipeline, m), server)
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
-        _MetricsService(pipeline, m), server
+    server.add_generic_rpc_handlers(
+        (
+            _export_handler(TRACE_SERVICE, _TraceService(pipeline, m).Export),
+            _export_handler(METRICS_SERVICE, _MetricsService(pipeline, m).Export),
+        )
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as exc:  # grpcio >= 1.5x raises where older ones gave 0
+        raise OSError(f"cannot bind OTLP/gRPC on {host}:{port}: is the port in use?") from exc
     if bound == 0:
-        raise OSError(f"cannot bind OTLP/gRPC on {host}:{port}")
+        raise OSError(f"cannot bind OTLP/gRPC on {host}:{port}: is the port in use?")
     server.start()
     return server, bound

@@ -57,17 +57,28 @@ class BodyError(Exception):
 
 
 def _gunzip(body: bytes, limit: int) -> bytes:
-    """Decompresses with a bound on the output size (no gzip bombs)."""
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = d.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise BodyError(400, f"invalid gzip body: {exc}") from exc
-    if len(out) > limit or d.unconsumed_tail:
-        raise BodyError(413, f"decompressed body exceeds {limit} bytes")
-    if not d.eof:
-        raise BodyError(400, "truncated gzip body")
-    return out
+    """Decompresses with a bound on the output size (no gzip bombs).
+
+    A gzip body may hold several members (RFC 1952; the OTel Collector's Go
+    reader takes them all): each is read, so none is silently dropped, and
+    bytes after the last one that are not a member are an error."""
+    out = bytearray()
+    rest = body
+    while True:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            # max_length >= 1 here: 0 would mean "no bound"
+            out += d.decompress(rest, limit + 1 - len(out))
+        except zlib.error as exc:
+            what = "data after the gzip stream" if out else "gzip body"
+            raise BodyError(400, f"invalid {what}: {exc}") from exc
+        if len(out) > limit or d.unconsumed_tail:
+            raise BodyError(413, f"decompressed body exceeds {limit} bytes")
+        if not d.eof:
+            raise BodyError(400, "truncated gzip body")
+        rest = d.unused_data
+        if not rest:
+            return bytes(out)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

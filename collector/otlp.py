@@ -6,6 +6,7 @@ import base64
 import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import repeat
 from operator import attrgetter
 from typing import Any
 
@@ -22,6 +23,13 @@ class OtlpDecodeError(ValueError):
 
 
 _ZERO_TRACE = bytes(16)
+_ZERO_SPAN = bytes(8)
+#: Times are stored as BIGINT nanoseconds: a fixed64 beyond this (or a
+#: negative JSON time) is not a time, and would fail the whole write it is in.
+MAX_NS = 2**63 - 1
+#: SpanKind and StatusCode values OTLP defines; the store keeps them in TINYINTs.
+MAX_KIND = 5
+MAX_STATUS = 2
 
 
 @dataclass(slots=True)
@@ -163,6 +171,31 @@ def _fill_int_arrays(deferred: list[tuple[dict[str, Any], str, Any]]) -> None:
         pos += n
 
 
+def _out_of_range(start_ns: int, end_ns: int, kind: int, code: int) -> str:
+    """Gives why these span fields cannot be stored ("" when they can)."""
+    if not (0 <= start_ns <= MAX_NS and 0 <= end_ns <= MAX_NS):
+        return f"start and end times must be nanoseconds in 0..2^63-1 (got {start_ns}, {end_ns})"
+    if not 0 <= kind <= MAX_KIND:
+        return f"kind must be 0..{MAX_KIND}, got {kind}"
+    if not 0 <= code <= MAX_STATUS:
+        return f"status code must be 0..{MAX_STATUS}, got {code}"
+    return ""
+
+
+def _events(events: Any) -> list[SpanEvent]:
+    out = []
+    for e in events:
+        t = e.time_unix_nano
+        if t > MAX_NS:  # a fixed64: never negative
+            raise _SpanError(f"event {e.name!r}: time must be nanoseconds in 0..2^63-1, got {t}")
+        out.append(SpanEvent(e.name, t, _attrs(e.attributes)))
+    return out
+
+
+class _SpanError(OtlpDecodeError):
+    """One span is invalid: it is rejected, the rest of the export is not."""
+
+
 def decode_protobuf(body: bytes) -> list[Span]:
     """Gives the spans of a protobuf `ExportTraceServiceRequest` (all must be valid)."""
     spans, rejected = decode_protobuf_partial(body)
@@ -210,14 +243,28 @@ def spans_from_request(request: ExportTraceServiceRequest) -> tuple[list[Span], 
                         f"parentSpanId 8 (got {len(trace_id)}, {len(span_id)}, {len(parent)})"
                     )
                     continue
-                if trace_id == _ZERO_TRACE:
-                    rejected.add(f"span {ps.name!r}: traceId is all zeros")
+                if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
+                    rejected.add(f"span {ps.name!r}: traceId and spanId must not be all zeros")
                     continue
-                events = ps.events
-                links = ps.links
-                attributes = ps.attributes
+                start_ns = ps.start_time_unix_nano
+                end_ns = ps.end_time_unix_nano
+                kind = ps.kind
                 # an unset status is the common case: HasField skips building its wrapper
                 code, message = (ps.status.code, ps.status.message) if ps.HasField("status") else (0, "")
+                # fixed64 times are never negative; enums may be anything in int32
+                if start_ns > MAX_NS or end_ns > MAX_NS or not (
+                    0 <= kind <= MAX_KIND and 0 <= code <= MAX_STATUS
+                ):
+                    rejected.add(f"span {ps.name!r}: {_out_of_range(start_ns, end_ns, kind, code)}")
+                    continue
+                events = ps.events
+                try:
+                    span_events = _events(events) if events else []
+                except _SpanError as exc:
+                    rejected.add(f"span {ps.name!r}: {exc}")
+                    continue
+                links = ps.links
+                attributes = ps.attributes
                 trace_hex = hexes.get(trace_id)
                 if trace_hex is None:
                     trace_hex = hexes[trace_id] = trace_id.hex()
@@ -235,16 +282,14 @@ def spans_from_request(request: ExportTraceServiceRequest) -> tuple[list[Span], 
                         span_hex,
                         parent_hex,
                         ps.name,
-                        ps.kind,
-                        ps.start_time_unix_nano,
-                        ps.end_time_unix_nano,
+                        kind,
+                        start_ns,
+                        end_ns,
                         _attrs_deferring(attributes, deferred) if attributes else {},
                         resource,
                         code,
                         message,
-                        [SpanEvent(e.name, e.time_unix_nano, _attrs(e.attributes)) for e in events]
-                        if events
-                        else [],
+                        span_events,
                         [
                             SpanLink(lk.trace_id.hex(), lk.span_id.hex(), _attrs(lk.attributes))
                             for lk in links
@@ -260,47 +305,76 @@ def spans_from_request(request: ExportTraceServiceRequest) -> tuple[list[Span], 
 
 
 # ---- JSON (OTLP/JSON: camelCase keys, hex ids, int64 as strings) -------------
+# A wrong type anywhere is named by its field: the sender reads the message.
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _j_obj(v: Any, what: str) -> Mapping[str, Any]:
+    """Gives `v` as an object (an absent/null one as empty), or says what is wrong."""
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise OtlpDecodeError(f"{what} must be an object, got {type(v).__name__}")
+    return v
+
+
+def _j_list(v: Any, what: str) -> list[Any]:
+    """Gives `v` as a list (an absent/null one as empty), or says what is wrong."""
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise OtlpDecodeError(f"{what} must be a list, got {type(v).__name__}")
+    return v
+
+
 def _j_value(v: Any) -> Any:
     if not isinstance(v, Mapping):
         raise OtlpDecodeError(f"attribute value must be an object, got {type(v).__name__}")
     if "stringValue" in v:
         return str(v["stringValue"])
     if "intValue" in v:
-        return _j_int(v["intValue"], "intValue")
+        return _j_int(v["intValue"], "intValue", *_INT64)
     if "doubleValue" in v:
         try:
             return float(v["doubleValue"])
         except (TypeError, ValueError) as exc:
             raise OtlpDecodeError(f"invalid doubleValue {v['doubleValue']!r}") from exc
     if "boolValue" in v:
-        return bool(v["boolValue"])
+        b = v["boolValue"]
+        if not isinstance(b, bool):  # bool("false") would be True
+            raise OtlpDecodeError(f"boolValue must be true or false, got {b!r}")
+        return b
     if "arrayValue" in v:
-        return [_j_value(x) for x in (v["arrayValue"] or {}).get("values", [])]
+        array = _j_obj(v["arrayValue"], "arrayValue")
+        return [_j_value(x) for x in _j_list(array.get("values"), "arrayValue.values")]
     if "kvlistValue" in v:
-        return _j_attrs((v["kvlistValue"] or {}).get("values", []))
+        return _j_attrs(_j_obj(v["kvlistValue"], "kvlistValue").get("values"))
     if "bytesValue" in v:
         return str(v["bytesValue"])
     return None
 
 
 def _j_attrs(kvs: Any) -> dict[str, Any]:
-    if kvs is None:
-        return {}
-    if not isinstance(kvs, list):
-        raise OtlpDecodeError("attributes must be a list")
     out: dict[str, Any] = {}
-    for kv in kvs:
+    for kv in _j_list(kvs, "attributes"):
         if not isinstance(kv, Mapping) or not isinstance(kv.get("key"), str):
             raise OtlpDecodeError("each attribute needs a string key")
         out[kv["key"]] = _j_value(kv.get("value") or {})
     return out
 
 
-def _j_int(v: Any, what: str) -> int:
+def _j_int(v: Any, what: str, low: int = 0, high: int = MAX_NS) -> int:
+    """Gives an integer field (OTLP/JSON writes int64 as a string) within low..high:
+    times are 0..2^63-1 ns, what the store's BIGINT holds."""
+    if isinstance(v, bool):  # int(True) is 1: a bool is a wrong type, not a number
+        raise OtlpDecodeError(f"{what} must be an integer, got {v!r}")
     try:
-        return int(v)
-    except (TypeError, ValueError) as exc:
-        raise OtlpDecodeError(f"{what} must be an integer, got {v!r}") from exc
+        n = int(v)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise OtlpDecodeError(f"{what} must be an integer, got {str(v)[:40]!r}") from exc
+    if not low <= n <= high:
+        raise OtlpDecodeError(f"{what} must be in {low}..{high}, got {n}")
+    return n
 
 
 def _j_id(v: Any, what: str, size: int, required: bool = True) -> str:
@@ -352,10 +426,12 @@ def _decode_json(doc: Any) -> tuple[list[Span], Rejected]:
     for rs in resource_spans:
         if not isinstance(rs, Mapping):
             raise OtlpDecodeError("each resourceSpans entry must be an object")
-        resource = _j_attrs((rs.get("resource") or {}).get("attributes"))
-        for ss in rs.get("scopeSpans") or rs.get("scope_spans") or []:
-            scope = str((ss.get("scope") or {}).get("name", ""))
-            for ps in ss.get("spans") or []:
+        resource = _j_attrs(_j_obj(rs.get("resource"), "resource").get("attributes"))
+        scope_spans = rs.get("scopeSpans", rs.get("scope_spans"))
+        for ss in _j_list(scope_spans, "scopeSpans"):
+            ss = _j_obj(ss, "each scopeSpans entry")
+            scope = str(_j_obj(ss.get("scope"), "scope").get("name", ""))
+            for ps in _j_list(ss.get("spans"), "spans"):
                 if not isinstance(ps, Mapping):
                     raise OtlpDecodeError("each span must be an object")
                 try:
@@ -366,29 +442,31 @@ def _decode_json(doc: Any) -> tuple[list[Span], Rejected]:
 
 
 def _j_span(ps: Mapping[str, Any], resource: dict[str, Any], scope: str) -> Span:
-    status = ps.get("status") or {}
-    if not isinstance(status, Mapping):
-        raise OtlpDecodeError("status must be an object")
+    status = _j_obj(ps.get("status"), "status")
+    trace_id = _j_id(ps.get("traceId"), "traceId", 16)
+    span_id = _j_id(ps.get("spanId"), "spanId", 8)
+    if not trace_id.strip("0") or not span_id.strip("0"):
+        raise OtlpDecodeError("traceId and spanId must not be all zeros")
     return (
         Span(
-            trace_id=_j_id(ps.get("traceId"), "traceId", 16),
-            span_id=_j_id(ps.get("spanId"), "spanId", 8),
+            trace_id=trace_id,
+            span_id=span_id,
             parent_span_id=_j_id(ps.get("parentSpanId"), "parentSpanId", 8, False),
             name=str(ps.get("name", "")),
-            kind=_j_int(ps.get("kind", 0), "kind"),
+            kind=_j_int(ps.get("kind", 0), "kind", 0, MAX_KIND),
             start_ns=_j_int(ps.get("startTimeUnixNano", 0), "startTimeUnixNano"),
             end_ns=_j_int(ps.get("endTimeUnixNano", 0), "endTimeUnixNano"),
             attributes=_j_attrs(ps.get("attributes")),
             resource=resource,
-            status_code=_j_int(status.get("code", 0), "status.code"),
+            status_code=_j_int(status.get("code", 0), "status.code", 0, MAX_STATUS),
             status_message=str(status.get("message", "")),
             events=[
                 SpanEvent(
                     str(e.get("name", "")),
-                    _j_int(e.get("timeUnixNano", 0), "timeUnixNano"),
+                    _j_int(e.get("timeUnixNano", 0), "event timeUnixNano"),
                     _j_attrs(e.get("attributes")),
                 )
-                for e in ps.get("events") or []
+                for e in map(_j_obj, _j_list(ps.get("events"), "events"), repeat("each event"))
             ],
             links=[
                 SpanLink(
@@ -396,7 +474,7 @@ def _j_span(ps: Mapping[str, Any], resource: dict[str, Any], scope: str) -> Span
                     _j_id(lk.get("spanId"), "link spanId", 8),
                     _j_attrs(lk.get("attributes")),
                 )
-                for lk in ps.get("links") or []
+                for lk in map(_j_obj, _j_list(ps.get("links"), "links"), repeat("each link"))
             ],
             scope=scope,
         )

@@ -71,8 +71,26 @@ class PipelineStats:
     traces_evicted_early: int = 0
     late_spans_kept: int = 0
     late_spans_dropped: int = 0
+    duplicate_spans_dropped: int = 0
     requests_summarized: int = 0
     kept_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+def _unique_spans(p: _Pending) -> int:
+    """Drops the repeats of a span id from the trace (keeping the first); gives how
+    many.  An exporter that lost the reply to an export sends it again (OTLP
+    retries): summarized twice, its root would count as two requests."""
+    spans = p.all_spans()
+    if len({s.span_id for s in spans}) == len(spans):
+        return 0
+    seen: set[str] = set()
+    unique = []
+    for s in spans:
+        if s.span_id not in seen:
+            seen.add(s.span_id)
+            unique.append(s)
+    p.spans = unique
+    return len(spans) - len(unique)
 
 
 def _holds(p: _Pending, span_id: str) -> bool:
@@ -297,6 +315,7 @@ class Pipeline:
         waits = m.decision_latency
         decisions: list[tuple[str, bool]] = []
         rules = bool(self._sampler.rules)
+        duplicates = 0
         for trace_id, p in ready:
             waits.observe((now - p.first_seen_ns) / 1e9)
             packed = p.packed
@@ -309,6 +328,7 @@ class Pipeline:
                 itl_counts = packed.itl_counts
                 spans = p.all_spans() if rules else None
             else:
+                duplicates += _unique_spans(p)
                 spans = p.all_spans()
                 result = summarize_trace(spans)
             if result.engine_steps:
@@ -343,6 +363,7 @@ class Pipeline:
             while len(cache) > self._cache_size:
                 cache.popitem(last=False)
             stats.requests_summarized += len(batch.requests)
+            stats.duplicate_spans_dropped += duplicates
             for (keep, reason), n in outcomes.items():
                 stats.traces_decided += n
                 if keep:

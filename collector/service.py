@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -16,7 +18,12 @@ from tokentrace.collector.decode_pool import DecodePool
 from tokentrace.collector.gc_tuning import tune_for_ingest
 from tokentrace.collector.grpc_receiver import start_grpc_server
 from tokentrace.collector.http_receiver import create_http_app
-from tokentrace.collector.otlp import OtlpDecodeError, decode_json, decode_protobuf
+from tokentrace.collector.otlp import (
+    OtlpDecodeError,
+    decode_json,
+    parse_trace_request,
+    spans_from_request,
+)
 from tokentrace.collector.pipeline import Pipeline
 from tokentrace.collector.sampling import P99Tracker, Sampler, SloLimits, parse_rules
 from tokentrace.collector.self_metrics import CollectorMetrics
@@ -39,6 +46,18 @@ class Collector:
             memory_limit=settings.duckdb_memory_limit,
             checkpoint_threshold=settings.duckdb_checkpoint_threshold,
         )
+        try:
+            self._wire(settings)
+        except BaseException:
+            # stop the writer thread and close the file: else the file stays
+            # locked, and DuckDB's binding reports leaked objects at exit
+            if hasattr(self, "writer"):
+                self.writer.close()
+            self.conn.close()
+            raise
+        self._closed = False
+
+    def _wire(self, settings: CollectorSettings) -> None:
         self.writer = Writer(
             self.conn,
             max_pending=settings.max_pending_writes,
@@ -59,7 +78,6 @@ class Collector:
             metrics=self.metrics,
         )
         self.metrics.on_scrape(self._refresh_gauges)
-        self._closed = False
 
     def _refresh_gauges(self) -> None:
         m = self.metrics
@@ -86,22 +104,50 @@ class Collector:
 def read_otlp_file(path: Path) -> list[Any]:
     """Gives the spans in one OTLP file: protobuf, JSON, or JSON lines (one export per line)."""
     data = path.read_bytes()
-    if path.suffix in (".json", ".jsonl", ".ndjson") or data[:1] in (b"{", b"["):
+    if not data.strip():
+        raise OtlpDecodeError("the file is empty")
+    if path.suffix in (".json", ".jsonl", ".ndjson") or data.lstrip()[:1] in (b"{", b"["):
+        return _spans_of_json(data)
+    try:
+        request = parse_trace_request(data)
+    except OtlpDecodeError as exc:
+        raise OtlpDecodeError(f"neither OTLP/JSON nor OTLP protobuf ({exc})") from exc
+    spans, rejected = spans_from_request(request)
+    if rejected:
+        raise OtlpDecodeError(rejected.message)
+    return spans
+
+
+def _spans_of_json(data: bytes) -> list[Any]:
+    try:
         text = data.decode("utf-8")
-        try:
-            docs = [json.loads(text)]
-        except json.JSONDecodeError:
-            docs = [json.loads(line) for line in text.splitlines() if line.strip()]
-        spans = []
-        for doc in docs:
-            for d in doc if isinstance(doc, list) else [doc]:
-                spans.extend(decode_json(d))
-        return spans
-    return decode_protobuf(data)
+    except UnicodeDecodeError as exc:
+        raise OtlpDecodeError(f"not UTF-8 text, so not OTLP/JSON: {exc}") from exc
+    try:
+        docs = [json.loads(text)]
+    except json.JSONDecodeError as whole:
+        docs = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                docs.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                if not docs:  # not JSON lines but one (pretty-printed) document: its error
+                    raise OtlpDecodeError(f"invalid JSON: {whole}") from whole
+                raise OtlpDecodeError(f"line {n}, column {exc.colno}: invalid JSON: {exc.msg}") from exc
+    spans = []
+    for doc in docs:
+        for d in doc if isinstance(doc, list) else [doc]:
+            spans.extend(decode_json(d))
+    return spans
 
 
 def import_files(settings: CollectorSettings, paths: Iterable[Path]) -> dict[str, int]:
-    """Runs OTLP files through the same pipeline as `serve`; gives counts."""
+    """Runs OTLP files through the same pipeline as `serve`; gives counts.
+
+    A file that cannot be read stops the import with an error that names it and
+    says which files before it were imported (they stay: nothing accepted is lost)."""
     paths = list(paths)
     for p in paths:
         if not p.is_file():
@@ -112,8 +158,13 @@ def import_files(settings: CollectorSettings, paths: Iterable[Path]) -> dict[str
         for p in paths:
             try:
                 found = read_otlp_file(p)
-            except (OtlpDecodeError, ValueError) as exc:
-                raise OtlpDecodeError(f"{p}: {exc}") from exc
+            except (OtlpDecodeError, ValueError, RecursionError) as exc:
+                done = (
+                    f"; the {files} file(s) before it were imported ({spans} spans)"
+                    if files
+                    else "; nothing was imported"
+                )
+                raise OtlpDecodeError(f"{p}: {exc}{done}") from exc
             while not collector.pipeline.add(found):
                 collector.pipeline.decide_ready(force=True)
             files += 1
@@ -128,6 +179,28 @@ def import_files(settings: CollectorSettings, paths: Iterable[Path]) -> dict[str
         }
     finally:
         collector.close()
+
+
+def check_bindable(host: str, port: int, what: str) -> None:
+    """Raises OSError naming the server and the cause when `host:port` cannot be
+    bound.  The servers' own errors say neither: uvicorn exits with
+    SystemExit(3) from its thread, grpc raises "Failed to bind"."""
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as sock:
+            # as the servers do: a port left in TIME_WAIT by a stopped server is free
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        hint = f" (choose another port with --{_PORT_FLAG[what]})" if exc.errno == errno.EADDRINUSE else ""
+        raise OSError(f"cannot serve {what} on {host}:{port}: {exc.strerror or exc}{hint}") from exc
+
+
+_PORT_FLAG = {"OTLP/HTTP": "http-port", "OTLP/gRPC": "grpc-port", "web UI": "web-port"}
 
 
 def _quiet_server_class() -> type:
@@ -192,6 +265,8 @@ class CollectorServer:
 
         s, c = self.settings, self.collector
         try:
+            for what, port in (("OTLP/HTTP", s.http_port), ("OTLP/gRPC", s.grpc_port), ("web UI", s.web_port)):
+                check_bindable(s.host, port, what)
             c.start()
             self._grpc, self.grpc_port = start_grpc_server(
                 c.pipeline, s.host, s.grpc_port, s.max_body_bytes, c.metrics
@@ -201,7 +276,16 @@ class CollectorServer:
             ]
             try:
                 from tokentrace.web.app import create_web_app
-            except ImportError:  # the web explorer is optional at this layer
+            except ModuleNotFoundError as exc:
+                # the explorer is optional where its dependencies are not
+                # installed; a broken import of our own code is an error, not a
+                # UI that silently never starts
+                if not exc.name or exc.name.partition(".")[0] == "tokentrace":
+                    raise
+                logger.warning(
+                    "tokentrace: no web UI (%s is not installed: pip install 'tokentrace[server]')",
+                    exc.name,
+                )
                 create_web_app = None  # type: ignore[assignment]
             if create_web_app is not None:
                 apps.append((create_web_app(s, c), s.web_port))

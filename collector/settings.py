@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -36,20 +37,31 @@ class CollectorSettings:
     decode_processes: int = 1
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            # NaN passes every `<` check below (and then fails deep in a thread)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name} must be a finite number, got {value}")
+        ports: dict[int, str] = {}
         for port_name in ("http_port", "grpc_port", "web_port"):
             port = getattr(self, port_name)
             if not 0 <= port <= 65535:
                 raise ValueError(f"{port_name} must be 0..65535, got {port}")
+            if port and port in ports:
+                raise ValueError(f"{ports[port]} and {port_name} are both {port}: each server needs its own port")
+            ports[port] = port_name
         if not 0.0 <= self.baseline <= 1.0:
             raise ValueError(f"baseline must be in [0, 1], got {self.baseline}")
-        if self.grace_s < 0 or self.decision_wait_s <= 0:
-            raise ValueError("grace_s must be >= 0 and decision_wait_s > 0")
-        if self.max_buffered_spans <= 0 or self.max_body_bytes <= 0:
-            raise ValueError("max_buffered_spans and max_body_bytes must be positive")
+        if self.grace_s < 0:
+            raise ValueError(f"grace_s must be >= 0, got {self.grace_s}")
+        for name in ("decision_wait_s", "max_buffered_spans", "max_body_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.decode_processes < 0:
             raise ValueError(f"decode_processes must be >= 0, got {self.decode_processes}")
-        if self.p99_min_samples < 1 or self.max_pending_writes < 1:
-            raise ValueError("p99_min_samples and max_pending_writes must be positive")
+        for name in ("p99_min_samples", "max_pending_writes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         from tokentrace.collector.sampling import parse_rules
 
         parse_rules(self.keep_rules)  # a malformed rule fails here, at start-up

@@ -128,6 +128,30 @@ def _itl_counts(items: list[WriteBatch], requests: list[RequestSummary]) -> list
     return counts  # type: ignore[return-value]
 
 
+def _pieces(batch: WriteBatch) -> list[WriteBatch]:
+    """Splits a batch into one batch per row (a request with its ITL histogram,
+    a kept trace with its spans, a late span, an engine step, a GPU sample)."""
+    aligned = len(batch.itl_counts) == len(batch.requests)
+    return [
+        *(WriteBatch(requests=[r], itl_counts=[batch.itl_counts[i]] if aligned else [])
+          for i, r in enumerate(batch.requests)),
+        *(WriteBatch(kept=[k]) for k in batch.kept),
+        *(WriteBatch(late_spans=[s]) for s in batch.late_spans),
+        *(WriteBatch(engine_steps=[st]) for st in batch.engine_steps),
+        *(WriteBatch(gpu_samples=[g]) for g in batch.gpu_samples),
+    ]  # fmt: skip
+
+
+def _describe(piece: WriteBatch) -> str:
+    if piece.requests:
+        return f"request of trace {piece.requests[0].trace_id}"
+    if piece.kept:
+        return f"kept trace {piece.kept[0].trace_id}"
+    if piece.late_spans:
+        return f"late span of trace {piece.late_spans[0].trace_id}"
+    return "engine step" if piece.engine_steps else "GPU sample"
+
+
 class Writer:
     """Owns the write connection; `submit()` never blocks (False when full)."""
 
@@ -218,16 +242,45 @@ class Writer:
                     break
                 items.append(nxt)
             try:
-                self._write(items)
-            except Exception:
-                self.write_errors += 1
-                logger.exception("tokentrace: write of %d batches failed", len(items))
+                try:
+                    self._write(items)
+                except Exception:
+                    logger.exception("tokentrace: write of %d batches failed; retrying them apart", len(items))
+                    self._write_apart(items)
             finally:
                 for _ in items:
                     self._queue.task_done()
             if stop:
                 self._queue.task_done()
                 return
+
+    def _write_apart(self, items: list[WriteBatch]) -> None:
+        """Writes every row that DuckDB takes after a failed write: one value it
+        cannot take (a number beyond its column) fails the transaction of every
+        batch coalesced with it, so the rows are split into halves until each
+        failing row is alone; only those are dropped (and counted)."""
+        pieces = [piece for batch in items for piece in _pieces(batch)]
+        failed: list[WriteBatch] = []
+        errors: list[Exception] = []
+        self._bisect(pieces, failed, errors)
+        if failed:
+            self.write_errors += len(failed)
+            logger.error(
+                "tokentrace: dropped %d of %d rows DuckDB would not take (first: %s; error: %s)",
+                len(failed), len(pieces), _describe(failed[0]), errors[0],
+            )  # fmt: skip
+
+    def _bisect(self, pieces: list[WriteBatch], failed: list[WriteBatch], errors: list[Exception]) -> None:
+        if len(pieces) == 1:
+            failed.extend(pieces)
+            return
+        mid = len(pieces) // 2
+        for half in (pieces[:mid], pieces[mid:]):
+            try:
+                self._write(half)
+            except Exception as exc:
+                errors.append(exc)
+                self._bisect(half, failed, errors)
 
     def _write(self, items: list[WriteBatch]) -> None:
         t0 = time.perf_counter()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tokentrace import __version__
@@ -51,9 +53,13 @@ def _filters(args: argparse.Namespace):  # type: ignore[no-untyped-def]
             t = t.replace(tzinfo=timezone.utc)
         return int(t.timestamp() * 1e9)
 
+    start_ns, end_ns = ns(args.since), ns(args.until)
+    if start_ns is not None and end_ns is not None and end_ns <= start_ns:
+        # an empty window is a typo, not a report of zero requests
+        raise SystemExit(f"tokentrace: --until {args.until} is not after --since {args.since}")
     return Filters(
-        start_ns=ns(args.since),
-        end_ns=ns(args.until),
+        start_ns=start_ns,
+        end_ns=end_ns,
         model=args.model,
         tenant=args.tenant,
         traffic_class=args.traffic_class,
@@ -117,16 +123,46 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _reading_db(args: argparse.Namespace) -> Iterator[None]:
+    """Turns what DuckDB says about a file that is not a tokentrace database
+    (an empty file, another program's database, a query on a missing table)
+    into one line that names the file, instead of a traceback."""
+    import duckdb
+
+    from tokentrace.store.connection import StoreError, resolve_db_path
+
+    db = resolve_db_path(args.db)
+    if not getattr(args, "url", None) and db.is_file() and db.stat().st_size == 0:
+        raise StoreError(f"{db} is empty: not a tokentrace database")
+    try:
+        yield
+    except duckdb.CatalogException as exc:
+        raise StoreError(
+            f"{db} is not a tokentrace database, or one of another version: {_first_line(exc)}"
+        ) from exc
+    except duckdb.Error as exc:
+        raise StoreError(f"cannot read {db}: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from tokentrace.analyzer.report_cli import run_report
 
-    return run_report(args, _filters(args))
+    filters = _filters(args)
+    with _reading_db(args):
+        return run_report(args, filters)
 
 
 def _cmd_requests(args: argparse.Namespace) -> int:
     from tokentrace.analyzer.report_cli import run_requests
 
-    return run_requests(args, _filters(args))
+    filters = _filters(args)
+    with _reading_db(args):
+        return run_requests(args, filters)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -228,6 +264,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"tokentrace {args.command}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # a bug: still one line, the traceback on request
+        if args.verbose:
+            traceback.print_exc()
+        print(
+            f"tokentrace {args.command}: unexpected {type(exc).__name__}: {_first_line(exc)}"
+            + ("" if args.verbose else " (run `tokentrace -v ...` for the traceback)"),
+            file=sys.stderr,
+        )
         return EXIT_ERROR
 
 

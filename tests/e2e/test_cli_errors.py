@@ -1,0 +1,114 @@
+"""CLI misuse and bad files: one clear line on stderr and a non-zero exit, never a
+traceback (the commands run as a user runs them, in a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+from tt_testkit import free_port
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tokentrace", *args],
+        capture_output=True, text=True, timeout=120, cwd=cwd,
+    )  # fmt: skip
+
+
+def _one_clear_line(done: subprocess.CompletedProcess[str], says: str) -> None:
+    assert done.returncode != 0, done.stdout
+    err = done.stderr.strip()
+    assert "Traceback" not in err and "nanobind" not in err, err
+    assert len(err.splitlines()) == 1, err
+    assert says in err, err
+
+
+def _export_line(service: str) -> str:
+    sys.path.insert(0, str(Path(__file__).parents[1] / "collector"))
+    from traces import request_trace, to_json
+
+    return json.dumps(to_json(request_trace(service=service)))
+
+
+def test_report_on_a_duckdb_file_of_another_program(tmp_path: Path) -> None:
+    db = tmp_path / "other.duckdb"
+    with duckdb.connect(str(db)) as conn:
+        conn.execute("CREATE TABLE t (x INTEGER)")
+    for command in ("report", "requests"):
+        _one_clear_line(_cli(command, "--db", str(db)), "is not a tokentrace database")
+
+
+def test_report_on_an_empty_file(tmp_path: Path) -> None:
+    db = tmp_path / "empty.duckdb"
+    db.touch()
+    _one_clear_line(_cli("report", "--db", str(db)), "is empty: not a tokentrace database")
+
+
+def test_until_before_since_is_an_error(tmp_path: Path) -> None:
+    done = _cli("report", "--db", str(tmp_path / "x.duckdb"), "--since", "2027-01-01", "--until", "2026-01-01")
+    _one_clear_line(done, "--until 2026-01-01 is not after --since 2027-01-01")
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "says"),
+    [
+        ("empty.json", b"", "the file is empty"),
+        ("binary.json", b"\xff\xfe{", "not UTF-8 text"),
+        ("notes.txt", b"hello world\n", "neither OTLP/JSON nor OTLP protobuf"),
+        ("half.jsonl", None, "line 2, column 20: invalid JSON"),
+    ],
+)
+def test_import_of_a_bad_file_says_what_and_where(
+    tmp_path: Path, name: str, content: bytes | None, says: str
+) -> None:
+    bad = tmp_path / name
+    bad.write_bytes(
+        content if content is not None else (_export_line("x") + '\n{"resourceSpans": [\n').encode()
+    )
+    _one_clear_line(_cli("import", "--db", str(tmp_path / "i.duckdb"), str(bad)), says)
+
+
+def test_import_stopped_by_a_bad_file_says_what_was_imported(tmp_path: Path) -> None:
+    good = tmp_path / "good.json"
+    good.write_text(_export_line("good"))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"resourceSpans": [')
+    db = tmp_path / "i.duckdb"
+    _one_clear_line(_cli("import", "--db", str(db), str(good), str(bad)), "the 1 file(s) before it were imported")
+    with duckdb.connect(str(db), read_only=True) as conn:  # and they are there
+        assert conn.execute("SELECT service FROM requests").fetchall() == [("good",)]
+
+
+def test_serve_on_a_port_in_use_names_it(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        done = _cli(
+            "serve", "--db", str(tmp_path / "s.duckdb"), "--http-port", port,
+            "--grpc-port", str(free_port()), "--web-port", str(free_port()),
+        )  # fmt: skip
+    _one_clear_line(done, f"cannot serve OTLP/HTTP on 127.0.0.1:{port}: Address already in use")
+
+
+def test_serve_with_a_nan_setting(tmp_path: Path) -> None:
+    done = _cli("serve", "--db", str(tmp_path / "s.duckdb"), "--grace-s", "nan")
+    _one_clear_line(done, "grace_s must be a finite number")
+
+
+def test_an_unexpected_error_is_one_line(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    from tokentrace import cli
+
+    def bug(args: object) -> int:
+        raise KeyError("model")
+
+    monkeypatch.setitem(cli.COMMANDS, "report", bug)
+    assert cli.main(["report"]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err.strip()
+    assert err == "tokentrace report: unexpected KeyError: 'model' (run `tokentrace -v ...` for the traceback)"
