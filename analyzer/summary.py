@@ -18,6 +18,10 @@ FLAG_NO_TOKEN_TIMES = "no_token_times"
 FLAG_ROOT_MISSING = "root_missing"
 #: Only the client side was traced: the wait before the first token is not split.
 FLAG_SERVER_UNSEEN = "server_unseen"
+#: A reported count could not be one (below zero, or beyond what the store holds): dropped.
+FLAG_IMPOSSIBLE_COUNT = "impossible_count"
+#: Token counts are INTEGER columns (the `requests` table).
+MAX_TOKEN_COUNT = 2**31 - 1
 
 
 @dataclass(slots=True)

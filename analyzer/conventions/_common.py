@@ -142,6 +142,7 @@ def build_summary(
         source=source,
         flags=[f for i, f in enumerate(flags) if f not in flags[:i]],
     )
+    drop_impossible_counts(summary)
     part.apply(summary)
     if client is not None:
         summary.ttft_client_ms = client_ttft_ms(client)
@@ -155,6 +156,17 @@ def build_summary(
     apply_token_times(summary, list(token_offsets_ms))
     apply_tpot(summary)
     return summary
+
+
+def drop_impossible_counts(summary: s.RequestSummary) -> None:
+    """A token count a sender got wrong (negative, or beyond 2^31-1) is no count:
+    it is dropped and the request flagged, as DESIGN.md §2 asks of impossible
+    values — and it would not fit the store's column either."""
+    for name in ("prompt_tokens", "output_tokens"):
+        n = getattr(summary, name)
+        if n is not None and not 0 <= n <= s.MAX_TOKEN_COUNT:
+            setattr(summary, name, None)
+            _flag(summary, s.FLAG_IMPOSSIBLE_COUNT)
 
 
 def _flag(summary: s.RequestSummary, flag: str) -> None:

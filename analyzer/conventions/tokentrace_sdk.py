@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
+from tokentrace.analyzer.conventions._common import drop_impossible_counts
 from tokentrace.analyzer.itl import apply_token_times, apply_tpot
 from tokentrace.analyzer.spans import STATUS_ERROR, Span, list_attr
 from tokentrace.analyzer.trace_view import ENV_KEYS, INSTANCE_KEYS, TENANT_KEYS, TraceView
@@ -96,6 +97,7 @@ def _summarize_request(trace: TraceView, req: Span) -> s.RequestSummary:
         source=NAME,
         flags=flags,
     )
+    drop_impossible_counts(summary)
     part.apply(summary)
     if client is not None:
         chunks = list_attr(client.attributes, sc.CLIENT_CHUNK_OFFSETS_US)

@@ -149,3 +149,26 @@ def test_tgi_batch_trace_gives_engine_steps() -> None:
     assert [(s.batch_size, s.decode_seqs, s.duration_us) for s in result.engine_steps] == [
         (3, 0, 30_000), (2, 2, 20_000)
     ]
+
+
+@pytest.mark.parametrize(("prompt", "tokens"), [(-3, 31), (100, 2**40)])
+def test_an_impossible_token_count_is_dropped_and_flagged(prompt: int, tokens: int) -> None:
+    spans, _ = f.vllm_trace(10.0, 50.0, 200.0, tokens=tokens, prompt=prompt)
+    (r,) = summarize_trace(spans).requests
+    assert s.FLAG_IMPOSSIBLE_COUNT in r.flags
+    want = (None, 31) if prompt < 0 else (100, None)
+    assert (r.prompt_tokens, r.output_tokens) == want
+    assert (r.tpot_ms is None) == (tokens != 31)  # no TPOT from a count that is not one
+    assert r.e2e_ms == pytest.approx(260.0)  # the request itself is kept whole
+
+
+def test_an_impossible_token_count_from_the_sdk_is_dropped_and_flagged() -> None:
+    from tokentrace.instrumentation import semconv as sc
+
+    tid = f.new_id(32)
+    attrs = {sc.OUTPUT_TOKENS: 2**40, sc.PROMPT_TOKENS: 12, sc.REQUEST_ID: "r1"}
+    req = f.span(tid, sc.SPAN_REQUEST, 0, 100.0, kind=f.KIND_SERVER, attrs=attrs)
+    (r,) = summarize_trace([req]).requests
+    assert r.source == "tokentrace"
+    assert s.FLAG_IMPOSSIBLE_COUNT in r.flags
+    assert (r.prompt_tokens, r.output_tokens) == (12, None)
