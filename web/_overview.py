@@ -17,6 +17,8 @@ METRICS = ("e2e", "ttft", "tpot", "itl")
 #: Bin widths a chart may use, in seconds; the smallest that gives <= MAX_BINS bins wins.
 _BIN_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
 MAX_BINS = 120
+#: Most bins filled in when empty (a window's bins are at most MAX_BINS + 1 unless it spans months).
+MAX_EMPTY_FILL = 4 * MAX_BINS
 #: How long the overview waits for a report not yet cached before showing the headline.
 REPORT_WAIT_S = 0.25
 
@@ -32,7 +34,8 @@ def filter_choices(cur: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {"model": [], "tenant": [], "service": []}
     with time_limit(cur):
         for field, value, _ in cur.execute(queries.load("filter_choices")).fetchall():
-            if len(out[field]) < 200:
+            # "" (no tenant) is no choice: the empty filter value means "any"
+            if value and len(out[field]) < 200:
                 out[field].append(value)
     return out
 
@@ -72,6 +75,21 @@ def headline(cur: duckdb.DuckDBPyConnection, filters: Filters) -> dict[str, Any]
     }  # fmt: skip
 
 
+def _with_empty_bins(rows: list[tuple[Any, ...]], bins: int) -> list[tuple[Any, ...]]:
+    """Gives `rows` with a zero-request row for each empty bin of the window.
+
+    A bin without requests is no row of the query; left out, the charts would draw
+    a line straight across an idle hour as if requests had kept coming.  A window
+    of more than MAX_EMPTY_FILL bins (only explicit ranges of months) stays as it is.
+    """
+    if bins > MAX_EMPTY_FILL:
+        return rows
+    have = {int(r[0]): r for r in rows}
+    last = max([bins - 1, *have])
+    empty = (0, None, None, None, None) + (None,) * len(BUCKETS)
+    return [have.get(i, (i, *empty)) for i in range(last + 1)]
+
+
 def overview_data(
     cur: duckdb.DuckDBPyConnection, view: ViewFilters, reports: ReportCache, wait_s: float = REPORT_WAIT_S
 ) -> dict[str, Any]:
@@ -97,7 +115,7 @@ def overview_data(
         with time_limit(cur):
             rows = cur.execute(f"{cte}\n{queries.load('overview_series')}", [*params, origin, bin_ns]).fetchall()
         series["bin_s"] = step
-        for row in rows:
+        for row in _with_empty_bins(rows, (int(last) - origin) // bin_ns + 1):
             bin_index, count, e2e, ttft, tpot, itl, *totals = row
             series["t"].append((origin + bin_index * bin_ns) / 1e9)
             series["rps"].append(round(count / step, 4))

@@ -39,6 +39,13 @@ TRAFFIC_CLASSES = ("interactive", "batch")
 _ID_RE = re.compile(r"^[0-9a-fA-F]{1,64}$")
 _COMPLAINT_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _MAX_TEXT = 200
+#: Times are unix nanoseconds in BIGINT columns: 1970-01-01 up to 2262-04-11.
+_MAX_TIME_NS = 2**63 - 1
+
+
+def _digits(raw: str) -> bool:
+    # str.isdigit() also says yes to '²' and other Unicode digits, which int() refuses
+    return raw.isascii() and raw.isdigit()
 
 
 def _text(params: Mapping[str, str], name: str) -> str | None:
@@ -68,22 +75,27 @@ def _time_ns(params: Mapping[str, str], name: str) -> int | None:
     raw = _text(params, name)
     if raw is None:
         return None
-    if raw.isdigit():
-        return int(raw)
-    try:
-        dt = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        raise ParamError(
-            f"{name} must be unix nanoseconds or an ISO 8601 time, not {raw!r}"
-        ) from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return int(dt.timestamp() * 1e9)
+    if _digits(raw):
+        ns = int(raw)
+    else:
+        try:
+            dt = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        except ValueError:
+            raise ParamError(
+                f"{name} must be unix nanoseconds or an ISO 8601 time, not {raw!r}"
+            ) from None
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=timezone.utc)
+        ns = int(dt.timestamp() * 1e9)
+    # outside this range DuckDB cannot compare it with start_ns, nor Python print it
+    if not 0 <= ns <= _MAX_TIME_NS:
+        raise ParamError(f"{name} must be between 1970-01-01 and 2262-04-11, not {raw!r}")
+    return ns
 
 
 def parse_trace_id(raw: str) -> str:
     """Gives a lowercase hex trace id, or raises ParamError."""
-    if not _ID_RE.match(raw):
+    if not _ID_RE.fullmatch(raw):  # not match(): '$' also matches before a trailing newline
         raise ParamError(f"trace id must be 1-64 hex digits, not {raw[:80]!r}")
     return raw.lower()
 
@@ -165,7 +177,7 @@ def parse_limit(params: Mapping[str, str]) -> int | None:
 SORTABLE = (
     "start_ns", "e2e_ms", "ttft_ms", "ttft_client_ms", "tpot_ms", "network_ms", "queue_ms",
     "prefill_ms", "decode_ms", "itl_p99_ms", "itl_max_ms", "stall_count", "prompt_tokens",
-    "output_tokens", "model", "tenant", "traffic_class",
+    "output_tokens", "model", "tenant", "traffic_class", "service",
 )  # fmt: skip
 PAGE_SIZES = (1, 500)
 
@@ -259,7 +271,7 @@ def parse_search(params: Mapping[str, str]) -> SearchParams:
     if order not in ("asc", "desc"):
         raise ParamError(f"order must be asc or desc, not {order!r}")
     raw_limit = _text(params, "limit") or "50"
-    if not raw_limit.isdigit() or not PAGE_SIZES[0] <= int(raw_limit) <= PAGE_SIZES[1]:
+    if not _digits(raw_limit) or not PAGE_SIZES[0] <= int(raw_limit) <= PAGE_SIZES[1]:
         raise ParamError(
             f"limit must be an integer {PAGE_SIZES[0]}..{PAGE_SIZES[1]}, not {raw_limit!r}"
         )

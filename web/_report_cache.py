@@ -90,5 +90,6 @@ class ReportCache:
         except FutureTimeout:
             return None, True
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    def close(self, wait: bool = False) -> None:
+        """Stops computing reports; `wait` also waits for one that is running (before closing its database)."""
+        self._pool.shutdown(wait=wait, cancel_futures=True)

@@ -10,6 +10,7 @@ import duckdb
 from tokentrace.instrumentation import semconv as sc
 from tokentrace.web import queries
 from tokentrace.web._db import fetch_dicts, time_limit
+from tokentrace.web._params import ParamError
 from tokentrace.web._timeline import build_timeline, client_chunk_times_ns, token_times_ns
 
 #: Most spans one trace view loads; a bigger trace shows its first SPAN_CAP and says so.
@@ -20,8 +21,35 @@ KIND_NAMES = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "pro
 STATUS_NAMES = {0: "unset", 1: "ok", 2: "error"}
 
 
+#: Fewest hex digits the jump box takes as the start of a trace id (pages show the first 16).
+MIN_PREFIX = 8
+
+
 class TraceNotFound(LookupError):
     """No request summary and no span has this trace id."""
+
+
+def resolve_trace_prefix(cur: duckdb.DuckDBPyConnection, trace_id: str) -> str:
+    """Gives the one trace id that starts with `trace_id` when it is a shorter prefix, else `trace_id`.
+
+    Pages show trace ids cut to 16 digits; copied from there into the jump box,
+    they must still lead to the trace (a full id, or one found no other way, is
+    passed on unchanged, and the trace page says when there is no such trace).
+    """
+    if not MIN_PREFIX <= len(trace_id) < 32:
+        return trace_id
+    for table in ("requests", "spans"):  # spans too: a trace may have spans and no summary
+        rows, more = fetch_dicts(
+            cur,
+            f"SELECT DISTINCT trace_id FROM {table} WHERE starts_with(trace_id, ?) ORDER BY trace_id = ? DESC LIMIT 2",  # noqa: S608 - fixed table names
+            [trace_id, trace_id],
+            cap=1,
+        )
+        if rows and (not more or rows[0]["trace_id"] == trace_id):
+            return str(rows[0]["trace_id"])
+        if more:
+            raise ParamError(f"several traces start with {trace_id}; give more of its digits")
+    return trace_id
 
 
 def _json(text: str, default: Any) -> Any:

@@ -27,6 +27,7 @@ from fastapi.responses import (
 )
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tokentrace.analyzer.export import write_requests
 from tokentrace.store.connection import StoreError
@@ -43,7 +44,7 @@ from tokentrace.web._params import (
 )
 from tokentrace.web._report_cache import REPORT_TIME_LIMIT_S, ReportCache
 from tokentrace.web._search import search_data
-from tokentrace.web._trace import TraceNotFound, load_spans, trace_data
+from tokentrace.web._trace import TraceNotFound, load_spans, resolve_trace_prefix, trace_data
 
 logger = logging.getLogger("tokentrace.web")
 HERE = Path(__file__).parent
@@ -157,6 +158,21 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
     for error_type in (ParamError, TraceNotFound, StoreError, QueryTimeout, duckdb.Error):
         app.add_exception_handler(error_type, fail)  # type: ignore[arg-type]
 
+    def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # FastAPI's own 404/405 (a mistyped URL) as the explorer's error page, not {"detail": …}
+        message = "no such page" if exc.status_code == 404 else str(exc.detail)
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
+        return templates.TemplateResponse(
+            request,
+            "error.html",
+            {"status": exc.status_code, "message": message, "page": ""},
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
+
+    app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
+
     def page(request: Request, name: str, data: dict[str, Any], **extra: Any) -> Response:
         return templates.TemplateResponse(request, name, {"data": data, **extra})
 
@@ -204,7 +220,10 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
 
     @app.get("/trace")
     def trace_jump(request: Request, id: str = "") -> Response:
-        return RedirectResponse(f"/trace/{parse_trace_id(id.strip())}", status_code=303)
+        tid = parse_trace_id(id.strip())
+        with db.cursor() as cur:
+            tid = resolve_trace_prefix(cur, tid)
+        return RedirectResponse(f"/trace/{tid}", status_code=303)
 
     @app.get("/trace/{trace_id}", response_class=HTMLResponse)
     def trace_page(request: Request, trace_id: str) -> Response:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
 import pytest
 from tracegen import GeneratedRequest, generate
 from web_testkit import WebServer, serve_app
@@ -21,5 +23,32 @@ def web(generated: tuple[Path, list[GeneratedRequest]]) -> Iterator[WebServer]:
     server, url = serve_app(db)
     with server:
         yield WebServer(url, db, requests)
-        server.server.config.app.state.reports.close()  # type: ignore[attr-defined]
+        # wait for a report still computing: DuckDB refuses to close a connection it runs on
+        server.server.config.app.state.reports.close(wait=True)  # type: ignore[attr-defined]
+        server.server.config.app.state.db.close()  # type: ignore[attr-defined]
+
+
+#: The second database's idle stretch between its two halves of requests.
+IDLE_NS = 600 * 10**9
+
+
+@pytest.fixture(scope="session")
+def edited(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
+    """A copy of the generated database with what real traffic has and the generator lacks:
+    requests of 10 s and more, requests without a tenant, and ten idle minutes mid-way."""
+    src, requests = generated
+    db = tmp_path_factory.mktemp("webdb-edited") / "web.duckdb"
+    shutil.copy(src, db)
+    conn = duckdb.connect(str(db))
+    try:
+        conn.execute("UPDATE requests SET e2e_ms = e2e_ms * 20")
+        conn.execute("UPDATE requests SET tenant = '' WHERE request_id IN ('req-0001', 'req-0002')")
+        conn.execute("UPDATE requests SET start_ns = start_ns + ? WHERE request_id >= 'req-0060'", [IDLE_NS])
+    finally:
+        conn.close()
+    server, url = serve_app(db)
+    with server:
+        yield WebServer(url, db, requests)
+        # wait for a report still computing: DuckDB refuses to close a connection it runs on
+        server.server.config.app.state.reports.close(wait=True)  # type: ignore[attr-defined]
         server.server.config.app.state.db.close()  # type: ignore[attr-defined]

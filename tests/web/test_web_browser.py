@@ -6,6 +6,7 @@ Screenshots land in the test's tmp dir (`pytest --basetemp=...` to keep them).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -152,3 +153,47 @@ def _has_spans(web: WebServer, trace_id: str) -> bool:
     import httpx
 
     return bool(httpx.get(f"{web.url}/api/trace/{trace_id}", timeout=30).json()["span_count"])
+
+
+def test_charts_tell_time_in_utc_like_the_rest_of_the_page(web: WebServer, browser: Any) -> None:
+    # a browser in New York: the charts must not say 2025-12-31 7:00pm for 2026-01-01 00:00Z
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, timezone_id="America/New_York")
+    try:
+        page = context.new_page()
+        page.goto(web.url + "/")
+        page.wait_for_selector('[data-metric="e2e"] .uplot')
+        over = page.locator('[data-metric="e2e"] .u-over')
+        box = over.bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        legend = page.locator('[data-metric="e2e"] .u-legend .u-series').first
+        assert legend.locator(".u-label").inner_text() == "UTC"
+        assert re.fullmatch(r"2026-01-01 00:00:\d\d", legend.locator(".u-value").inner_text())
+    finally:
+        context.close()
+
+
+def test_y_axis_labels_are_not_cut_off(edited: WebServer, page: Any, tmp_path: Path) -> None:
+    page.goto(edited.url + "/")  # E2E of 10 s and more: labels like "30,000"
+    page.wait_for_selector('[data-metric="e2e"] .uplot')
+    # uPlot draws the labels on a canvas; a label wider than its axis starts left of the canvas,
+    # so its first columns of pixels hold ink
+    ink = page.evaluate(
+        """() => [...document.querySelectorAll('[data-chart] canvas')].map(c => {
+             const d = c.getContext('2d').getImageData(0, 0, 2, c.height).data;
+             return d.some((v, i) => i % 4 === 3 && v > 0);
+           })"""
+    )
+    assert len(ink) == 6 and not any(ink)
+    _shot(page, tmp_path, "overview-slow")
+    assert page.js_errors == []
+
+
+def test_applying_a_filter_keeps_the_others(web: WebServer, page: Any) -> None:
+    start = min(r.start_ns for r in web.requests)
+    for path in ("/", "/diagnosis", "/search"):
+        page.goto(f"{web.url}{path}?start={start}&service=llm-server")
+        page.select_option("select[name=model]", "qwen-7b")
+        page.locator("form.filters button").click()
+        page.wait_for_url("**model=qwen-7b**")
+        assert f"start={start}" in page.url and "service=llm-server" in page.url, page.url
+    assert page.js_errors == []

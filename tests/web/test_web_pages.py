@@ -275,3 +275,83 @@ def test_bearer_token_guards_pages_and_api(generated: tuple[object, object]) -> 
         assert httpx.get(url + "/static/app.js").status_code == 401
         server.server.config.app.state.reports.close()  # type: ignore[attr-defined]
         server.server.config.app.state.db.close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "query,needle",
+    [
+        ({"start": "0001-01-01"}, "between 1970-01-01 and 2262-04-11"),
+        ({"end": "99999999999999999999999"}, "between 1970-01-01 and 2262-04-11"),
+        ({"start": "²"}, "ISO 8601"),  # a digit to str.isdigit(), not to int()
+    ],
+)
+def test_times_out_of_range_are_a_400_on_every_page(web: WebServer, query: dict[str, str], needle: str) -> None:
+    for path in ("/", "/search", "/diagnosis", "/api/overview", "/api/search", "/api/diagnosis", "/api/requests.csv"):
+        r = _get(web, path, params=query)
+        assert r.status_code == 400, (path, query, r.text[:200])
+        assert needle in (r.json()["error"] if path.startswith("/api/") else html.unescape(r.text))
+
+
+def test_a_unicode_digit_limit_is_a_400(web: WebServer) -> None:
+    for path in ("/search", "/api/search", "/api/requests.csv"):
+        r = _get(web, path, params={"limit": "²"})
+        assert r.status_code == 400 and "limit must be" in html.unescape(r.text), path
+
+
+def test_a_trace_id_with_a_trailing_newline_is_refused(web: WebServer) -> None:
+    r = _get(web, f"/api/trace/{web.requests[1].trace_id}%0A")
+    assert r.status_code == 400 and "hex" in r.json()["error"]
+
+
+def test_the_jump_box_takes_the_short_ids_the_pages_show(web: WebServer) -> None:
+    tid = web.requests[3].trace_id
+    shown = _get(web, "/search", params={"limit": "500"}).text
+    assert f">{tid[:16]}</a>" in shown  # what a user copies
+    for given in (tid[:16], tid[:8].upper(), tid):
+        jump = _get(web, "/trace", params={"id": given}, follow_redirects=False)
+        assert jump.status_code == 303 and jump.headers["location"] == f"/trace/{tid}", given
+    short = _get(web, "/trace", params={"id": tid[:7]}, follow_redirects=False)
+    assert short.headers["location"] == f"/trace/{tid[:7]}"  # too short to guess from: the page says not found
+    assert _get(web, "/trace", params={"id": "0" * 16}, follow_redirects=True).status_code == 404
+
+
+def test_unknown_urls_get_the_error_page_not_framework_json(web: WebServer) -> None:
+    page = _get(web, "/no/such/page")
+    assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
+    assert "no such page" in page.text and 'class="error-message"' in page.text
+    api = _get(web, "/api/no-such-thing")
+    assert api.status_code == 404 and api.json() == {"error": "no such page"}
+
+
+def test_filter_form_carries_every_filter_of_the_url(web: WebServer) -> None:
+    start = str(min(r.start_ns for r in web.requests))
+    for path in ("/", "/search", "/diagnosis"):
+        page = _get(web, path, params={"service": "llm-server", "start": start}).text
+        assert '<option value="llm-server" selected>llm-server</option>' in page, path
+        assert f'name="start" size="20" placeholder="ISO time or ns" value="{start}"' in page, path
+
+
+def test_search_shows_and_sorts_by_service(web: WebServer) -> None:
+    data = _get(web, "/api/search", params={"sort": "service", "order": "asc"}).json()
+    assert data["sort"] == "service" and data["rows"][0]["service"] == "llm-server"
+    assert "<td>llm-server</td>" in _get(web, "/search").text
+
+
+def test_no_tenant_is_no_filter_choice(edited: WebServer) -> None:
+    page = _get(edited, "/search", params={"limit": "500"}).text
+    assert page.count("<td>—</td>") == 2  # the two requests without a tenant
+    at = page.index('<select name="tenant">')
+    tenants = page[at : page.index("</select>", at)]
+    # "(none)" had the value "" of "any": choosing it showed every tenant
+    assert tenants.count('value=""') == 1 and "(none)" not in tenants
+
+
+def test_overview_series_has_a_point_for_every_bin_of_the_window(edited: WebServer) -> None:
+    series = _get(edited, "/api/overview").json()["series"]
+    step = series["bin_s"]
+    assert all(b - a == pytest.approx(step) for a, b in zip(series["t"], series["t"][1:], strict=False))
+    idle = [i for i, rps in enumerate(series["rps"]) if rps == 0]
+    assert len(idle) * step >= 500, "ten idle minutes show as bins without requests"
+    for i in idle:
+        assert series["e2e"]["p99"][i] is None and series["share"]["queue"][i] is None
+    assert round(sum(series["rps"]) * step) == len(edited.requests)

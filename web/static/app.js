@@ -10,9 +10,46 @@
     return el ? JSON.parse(el.textContent) : null;
   }
 
+  // Every other time on the pages is UTC ("…Z"): the charts say UTC too, not the browser's zone,
+  // with uPlot's own tick layout but a 24-hour clock and ISO dates.
+  function utc(ts) { return uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"); }
+  var DAY = "{YYYY}-{MM}-{DD}", HM = "{HH}:{mm}";
+  var TIME_TICKS = [
+    [3600 * 24 * 365, "{YYYY}", null, null, null, null, null, null, 1],
+    [3600 * 24 * 28, "{YYYY}-{MM}", "\n{YYYY}", null, null, null, null, null, 1],
+    [3600 * 24, "{MM}-{DD}", "\n{YYYY}", null, null, null, null, null, 1],
+    [3600, HM, "\n" + DAY, null, "\n{MM}-{DD}", null, null, null, 1],
+    [60, HM, "\n" + DAY, null, "\n{MM}-{DD}", null, null, null, 1],
+    [1, ":{ss}", "\n" + DAY + " " + HM, null, "\n{MM}-{DD} " + HM, null, "\n" + HM, null, 1],
+    [0.001, ":{ss}.{fff}", "\n" + DAY + " " + HM, null, "\n{MM}-{DD} " + HM, null, "\n" + HM, null, 1],
+  ];
+
+  // A y axis as wide as its longest label: uPlot's fixed 50 px cut "10,000" down to "0,000".
+  // It is also the room left of the x axis's first label, centred on the y axis, which
+  // carries the date ("2026-01-01 00:00"): at least half of that.
+  function axisSize(u, values, axisIdx, cycleNum) {
+    var axis = u.axes[axisIdx];
+    if (cycleNum > 1) return axis._size;  // uPlot asks again while it settles; keep the first answer
+    var longest = (values || []).reduce(function (a, v) { return v != null && String(v).length > a.length ? String(v) : a; }, "");
+    u.ctx.font = axis.font[0];
+    var width = function (text) { return u.ctx.measureText(text).width / devicePixelRatio; };
+    return Math.ceil(Math.max(axis.ticks.size + axis.gap + width(longest), width("0000-00-00 00:00") / 2)) + 4;
+  }
+
+  // Between two empty bins a bin is a lone point, which a line cannot draw: show it as a dot.
+  function lonePoints(u, seriesIdx) {
+    var d = u.data[seriesIdx], out = [];
+    for (var i = 0; i < d.length; i++) {
+      if (d[i] != null && d[i - 1] == null && d[i + 1] == null) out.push(i);
+    }
+    return out;
+  }
+
   function plot(el, series, data, opts) {
     var width = Math.max(300, el.clientWidth || 460);
-    var o = Object.assign({ width: width, height: 200, series: [{}].concat(series),
+    var o = Object.assign({ width: width, height: 200, tzDate: utc,
+                            series: [{ label: "UTC", value: DAY + " {HH}:{mm}:{ss}" }].concat(series),
+                            axes: [{ values: TIME_TICKS }, { size: axisSize }],
                             scales: { x: { time: true } }, legend: { live: true } }, opts || {});
     return new uPlot(o, data, el);
   }
@@ -25,7 +62,10 @@
       if (kind === "latency") {
         var m = s[el.getAttribute("data-metric")];
         var ps = ["p50", "p90", "p95", "p99"];
-        plot(el, ps.map(function (p) { return { label: p, stroke: COLORS[p], width: 1.5, spanGaps: true, points: { show: false } }; }),
+        // no spanGaps: a bin without requests is a gap, not a line across it
+        plot(el, ps.map(function (p) {
+               return { label: p, stroke: COLORS[p], width: 1.5, points: { show: true, size: 4, fill: COLORS[p], filter: lonePoints } };
+             }),
              [s.t].concat(ps.map(function (p) { return m[p]; })));
       } else if (kind === "rps") {
         plot(el, [{ label: "req/s", stroke: "#1d232a", fill: "rgba(29,35,42,.08)", width: 1.5, points: { show: false } }], [s.t, s.rps]);
@@ -35,7 +75,8 @@
         var names = ["network", "queue", "prefill", "decode"];
         var acc = s.t.map(function () { return 0; });
         var stacked = names.map(function (b) {
-          acc = acc.map(function (v, i) { return v + (s.share[b][i] || 0) * 100; });
+          // a bin without requests has no shares: null leaves a gap instead of a band at 0
+          acc = acc.map(function (v, i) { return s.share[b][i] == null ? null : v + s.share[b][i] * 100; });
           return acc.slice();
         });
         var order = [3, 2, 1, 0];
