@@ -24,7 +24,14 @@ from tokentrace.analyzer.diagnosis import (
     stutter,
     tiny_prompts,
 )
-from tokentrace.analyzer.diagnosis._base import FIX_FIRST, MIN_REQUESTS, TITLES, Context, Finding
+from tokentrace.analyzer.diagnosis._base import (
+    FIX_FIRST,
+    MIN_REQUESTS,
+    TITLES,
+    Context,
+    Finding,
+    pick_examples,
+)
 from tokentrace.analyzer.filters import Filters
 
 __all__ = ["COMPLAINTS", "FIX_FIRST", "SIGNALS", "TITLES", "Finding", "diagnose"]
@@ -74,4 +81,5 @@ def diagnose(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None) ->
         if any(other in names for other in _SUBSUMED_BY.get(f.complaint, ())):
             f.confidence = round(f.confidence * _SUBSUMED_FACTOR, 3)
     found.sort(key=lambda f: f.score, reverse=True)
+    pick_examples(found)
     return [f.as_dict() for f in found]

@@ -22,6 +22,9 @@ from tokentrace.analyzer.filters import Filters
 MIN_REQUESTS = 30
 MAX_AFFECTED = 1000
 MAX_EXAMPLES = 5
+#: Kept traces a finding offers as examples; `diagnose` shows MAX_EXAMPLES of them,
+#: preferring traces no higher-ranked finding shows already.
+MAX_EXAMPLE_CANDIDATES = 50
 #: Time slices per window for the per-slice signals (arrival rate, load).
 TARGET_SLICES = 60
 MIN_SLICE_NS = 1_000_000_000
@@ -63,6 +66,7 @@ class Finding:
     impact: float
     evidence: list[dict[str, Any]]
     affected_trace_ids: list[str] = field(default_factory=list)
+    #: kept traces, best first: up to MAX_EXAMPLE_CANDIDATES until `pick_examples`
     example_traces: list[str] = field(default_factory=list)
 
     @property
@@ -80,6 +84,25 @@ class Finding:
             "fix_first": FIX_FIRST[self.complaint],
             "affected_trace_ids": self.affected_trace_ids,
         }
+
+
+def pick_examples(ranked: list[Finding]) -> None:
+    """Keeps MAX_EXAMPLES examples a finding, in rank order preferring traces no
+    higher-ranked finding shows: on mixed traffic the same most-queued requests
+    belong to several findings, and five examples shown three times say less
+    than fifteen.  A finding with too few traces of its own still shows its best."""
+    shown: set[str] = set()
+    for f in ranked:
+        own = [t for t in f.example_traces if t not in shown]
+        picked = own[:MAX_EXAMPLES]
+        if len(picked) < MAX_EXAMPLES:
+            chosen = set(picked)
+            picked += [t for t in f.example_traces if t not in chosen][: MAX_EXAMPLES - len(picked)]
+            # keep the order of the finding's own ranking
+            order = {t: i for i, t in enumerate(f.example_traces)}
+            picked.sort(key=order.__getitem__)
+        f.example_traces = picked
+        shown.update(picked)
 
 
 def clamp01(x: float) -> float:
@@ -169,7 +192,7 @@ class Context:
         return int(o.get("first_ns") or 0), int(o.get("last_end_ns") or 0)
 
     def traces(self, rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
-        """Gives (affected trace ids, kept example trace ids) from rows of trace_id, kept."""
+        """Gives (affected trace ids, kept candidate example ids) from rows of trace_id, kept."""
         affected: list[str] = []
         seen: set[str] = set()
         examples: list[str] = []
@@ -180,6 +203,6 @@ class Context:
             seen.add(tid)
             if len(affected) < MAX_AFFECTED:
                 affected.append(tid)
-            if r.get("kept") and len(examples) < MAX_EXAMPLES:
+            if r.get("kept") and len(examples) < MAX_EXAMPLE_CANDIDATES:
                 examples.append(tid)
         return affected, examples

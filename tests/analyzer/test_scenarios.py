@@ -31,3 +31,4 @@ def test_scenario_top_finding(write_workload, complaint: str) -> None:  # type: 
     kept = {r[0] for r in conn.execute("SELECT trace_id FROM requests WHERE kept").fetchall()}
     assert set(top["example_traces"]) <= kept
     assert set(top["example_traces"]) <= set(top["affected_trace_ids"]) or len(top["affected_trace_ids"]) == 1000
+    assert all(1 <= len(f["example_traces"]) <= 5 for f in findings), summary
