@@ -49,6 +49,9 @@ def _refused(endpoint: str, status: int, body: bytes) -> RemoteReportError:
         message = doc.get("error", text) if isinstance(doc, dict) else text
     except ValueError:
         message = text
+    if status == 404:
+        # the usual cause: --url names the OTLP port (4318), not the web UI's
+        message += " (is --url the web UI's address? `tokentrace serve` prints it; default http://127.0.0.1:8600)"
     return RemoteReportError(f"{endpoint} answered {status}: {message}")
 
 

@@ -56,6 +56,10 @@ def test_report_by_url_while_serve_holds_the_db(tmp_path: Path) -> None:
         unauthorized = _report("--url", serve.web, "--format", "json")
         assert unauthorized.returncode == 1 and "401" in unauthorized.stderr
 
+        otlp_port = _report("--url", serve.otlp_http, "--token", TOKEN, "--format", "json")
+        assert otlp_port.returncode == 1 and "404" in otlp_port.stderr
+        assert "web UI's address" in otlp_port.stderr  # the usual mistake, named
+
         deadline_runs = 0
         while True:  # the decision grace and the report cache make the count catch up
             ok = _report("--url", serve.web, "--token", TOKEN, "--format", "json")

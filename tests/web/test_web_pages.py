@@ -355,3 +355,14 @@ def test_overview_series_has_a_point_for_every_bin_of_the_window(edited: WebServ
     for i in idle:
         assert series["e2e"]["p99"][i] is None and series["share"]["queue"][i] is None
     assert round(sum(series["rps"]) * step) == len(edited.requests)
+
+
+def test_request_and_error_counts_read_as_english(web: WebServer) -> None:
+    import re
+
+    errors = _get(web, "/api/overview").json()["report"]["requests"]["errors"]
+    noun = "error" if errors == 1 else "errors"
+    for path in ("/", "/diagnosis"):
+        page = _get(web, path).text
+        assert re.search(rf"\b{errors:,} {noun}\b", page), path
+        assert not re.search(r"\b1 (errors|requests)\b", page), path
