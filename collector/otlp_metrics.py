@@ -8,7 +8,7 @@ are counted and ignored: the collector is not a general metrics store.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from tokentrace.collector.otlp import OtlpDecodeError, _attrs, _j_attrs, _j_int
+from tokentrace.collector.otlp import OtlpDecodeError, _attrs, _j_attrs, _j_int, _j_list, _j_obj
 from tokentrace.instrumentation import semconv as sc
 
 #: gpu_samples column of each GPU gauge, and whether it holds an integer.
@@ -127,21 +127,6 @@ def decode_metrics_protobuf(body: bytes) -> MetricsResult:
     """Gives the gpu_samples rows of a protobuf `ExportMetricsServiceRequest`."""
     return gpu_rows_from_request(parse_metrics_request(body))
 
-
-def _j_list(v: Any, what: str) -> Iterable[Any]:
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        raise OtlpDecodeError(f"{what} must be a list")
-    return v
-
-
-def _j_obj(v: Any, what: str) -> Mapping[str, Any]:
-    if v is None:
-        return {}
-    if not isinstance(v, Mapping):
-        raise OtlpDecodeError(f"{what} must be an object")
-    return v
 
 
 def decode_metrics_json(doc: Any) -> MetricsResult:
