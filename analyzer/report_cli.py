@@ -17,6 +17,7 @@ from tokentrace.analyzer.render import render_json, render_markdown, render_text
 from tokentrace.analyzer.render_html import render_html
 from tokentrace.analyzer.report import build_report
 from tokentrace.store.connection import StoreError, open_read_only
+from tokentrace.store.serve_note import read_note
 
 RENDERERS = {
     "text": render_text,
@@ -32,9 +33,14 @@ def open_local(db: Path, command: str) -> duckdb.DuckDBPyConnection:
         return open_read_only(db)
     except StoreError as exc:
         if "lock" in str(exc).lower():
+            note = read_note(db)
+            if note is None:  # an older serve, or another program: the default URL
+                hint = f"e.g. `tokentrace {command} --url http://127.0.0.1:8600`"
+            else:
+                token = " --token TOKEN" if note["token"] else ""
+                hint = f"`tokentrace {command} --url {note['web']}{token}` (serve pid {note['pid']})"
             raise StoreError(
-                f"{exc}\nA running `tokentrace serve` holds this database: ask it instead, "
-                f"e.g. `tokentrace {command} --url http://127.0.0.1:8600`"
+                f"{exc}\nA running `tokentrace serve` holds this database: ask it instead, {hint}"
             ) from exc
         raise
 

@@ -31,6 +31,7 @@ from tokentrace.collector.settings import CollectorSettings
 from tokentrace.collector.writer import Writer
 from tokentrace.store.connection import open_db
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
+from tokentrace.store.serve_note import remove_note, write_note
 
 logger = logging.getLogger("tokentrace.collector")
 
@@ -246,6 +247,7 @@ class CollectorServer:
         self._thread: threading.Thread | None = None
         self._restore_gc: Any = None
         self._stopped = False
+        self._web_started = False
 
     @property
     def otlp_http_url(self) -> str:
@@ -289,6 +291,7 @@ class CollectorServer:
                 create_web_app = None  # type: ignore[assignment]
             if create_web_app is not None:
                 apps.append((create_web_app(s, c), s.web_port))
+                self._web_started = s.web_port != 0
             quiet_server = _quiet_server_class()
             self._servers = [
                 quiet_server(
@@ -318,6 +321,8 @@ class CollectorServer:
             s.host, s.http_port, s.host, self.grpc_port, s.host, s.web_port, s.db,
         )  # fmt: skip
         self._restore_gc = tune_for_ingest()
+        if self._web_started:  # `report --db` on the held file then names this URL
+            write_note(s.db, self.web_url, token_required=bool(s.api_token))
         return self
 
     def _run(self, started: threading.Event, errors: list[BaseException]) -> None:
@@ -353,6 +358,8 @@ class CollectorServer:
             return
         self._stopped = True
         try:
+            if self._web_started:
+                remove_note(self.settings.db)
             if self._restore_gc is not None:
                 self._restore_gc()
             # stop taking data first (gRPC lets in-flight exports finish), then

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import pyarrow.parquet as pq
 from tt_testkit import start_serve
 
 from tokentrace import instrumentation as tt
+from tokentrace.store.serve_note import note_path, read_note, write_note
 
 TOKEN = "report-token"
 
@@ -51,7 +53,9 @@ def test_report_by_url_while_serve_holds_the_db(tmp_path: Path) -> None:
     with _serving(tmp_path, "remote-report", [(f"r{i}", "tiny", 2) for i in range(3)]) as serve:
         held = _report("--db", str(serve.db))
         assert held.returncode == 1
-        assert "--url" in held.stderr  # the error says what to do instead
+        # the error says what to do instead, with this server's own address
+        assert f"--url {serve.web} --token TOKEN" in held.stderr, held.stderr
+        assert note_path(serve.db).is_file()
 
         unauthorized = _report("--url", serve.web, "--format", "json")
         assert unauthorized.returncode == 1 and "401" in unauthorized.stderr
@@ -78,6 +82,19 @@ def test_report_by_url_while_serve_holds_the_db(tmp_path: Path) -> None:
         for service, count in (("remote-report", 3), ("another-service", 0)):
             one = _report("--url", serve.web, "--token", TOKEN, "--format", "json", "--service", service)
             assert json.loads(one.stdout)["requests"]["count"] == count, one.stderr
+    assert not note_path(serve.db).exists()  # a stopped serve takes its note away
+
+
+def test_a_note_of_a_serve_that_is_gone_is_ignored(tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    write_note(db, "http://127.0.0.1:9", token_required=False)
+    assert read_note(db) == {"pid": os.getpid(), "web": "http://127.0.0.1:9", "token": False}
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    note_path(db).write_text(json.dumps({"pid": int(dead.stdout), "web": "http://127.0.0.1:9"}))
+    assert read_note(db) is None  # its process exited: no stale address in the hint
+    note_path(db).write_text("{not json")
+    assert read_note(db) is None
 
 
 def test_requests_by_url_while_serve_holds_the_db(tmp_path: Path) -> None:
