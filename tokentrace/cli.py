@@ -233,9 +233,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--exit", action="store_true", help="stop after the report instead of keeping the UI up"
     )
     p.add_argument(
-        "--scenarios", default=None, help="comma-separated scenario names (default: all)"
+        "--scenarios",
+        default=None,
+        help="comma-separated scenario names, e.g. stutter,cold_start (default: all; "
+        "docs/demo.md describes each)",
     )
-    _add_db(p)
+    p.add_argument(
+        "--db",
+        type=Path,
+        default=None,
+        help="DuckDB file to append to (default: ./tokentrace-demo.duckdb, made fresh each run)",
+    )
     return parser
 
 
