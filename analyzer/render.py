@@ -37,7 +37,8 @@ def no_requests_message(report: dict[str, Any]) -> str:
 def _ms(v: float | None) -> str:
     if v is None:
         return "—"
-    return f"{v / 1000:.2f} s" if v >= 10_000 else f"{v:.1f} ms"
+    # seconds from 1 s on, as the findings' evidence and the explorer write them
+    return f"{v / 1000:.2f} s" if round(v, 1) >= 1000 else f"{v:.1f} ms"
 
 
 def render_json(report: dict[str, Any]) -> str:

@@ -11,13 +11,18 @@ import jinja2
 
 
 def ms(value: Any, digits: int = 1) -> str:
-    """Gives a millisecond figure for people: '—' when not measured, seconds when large."""
+    """Gives a millisecond figure for people: '—' when not measured, seconds from 1 s on.
+
+    Seconds keep one decimal more than the millisecond form asks for ('912.4 ms',
+    '1.29 s'), like the analyzer's evidence text ('E2E p95 7.29 s'); the switch is
+    decided on the rounded figure, so 999.97 ms reads '1.00 s', not '1,000.0 ms'.
+    """
     if value is None:
         return "—"
     v = float(value)
-    if v >= 10_000:
-        return f"{v / 1000:,.2f} s"
-    return f"{v:,.{digits}f} ms"
+    if abs(round(v, digits)) < 1000:
+        return f"{v:,.{digits}f} ms"
+    return f"{v / 1000:,.{digits + 1}f} s"
 
 
 def num(value: Any, digits: int = 0) -> str:

@@ -90,3 +90,12 @@ def test_every_format_says_which_requests_it_looks_at(db: Path) -> None:
     assert "No requests match until 2020-01-01 00:00:00Z · service no-such-service." in empty
     assert "OTLP exporter" not in empty
     assert "service no\\_such\\_service" in _report(db, "markdown", "--service", "no_such_service")
+
+
+def test_the_text_report_writes_seconds_from_one_second() -> None:
+    from tokentrace.analyzer.render import _ms
+
+    # as the findings' evidence writes them ("E2E p95 7.29 s"), so one report reads one way
+    assert [_ms(v) for v in (None, 912.44, 999.94, 999.96, 9121.5)] == [
+        "—", "912.4 ms", "999.9 ms", "1.00 s", "9.12 s",
+    ]  # fmt: skip

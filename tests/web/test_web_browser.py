@@ -197,3 +197,100 @@ def test_applying_a_filter_keeps_the_others(web: WebServer, page: Any) -> None:
         page.wait_for_url("**model=qwen-7b**")
         assert f"start={start}" in page.url and "service=llm-server" in page.url, page.url
     assert page.js_errors == []
+
+
+def test_requests_per_second_start_at_zero(web: WebServer, page: Any) -> None:
+    import httpx
+
+    rps = [v for v in httpx.get(web.url + "/api/overview", timeout=30).json()["series"]["rps"] if v]
+    assert min(rps) > 0.5 * max(rps) > 0, "steady traffic: a y axis from its smallest value would magnify the swings"
+    page.goto(web.url + "/")
+    page.wait_for_selector('[data-chart="rps"] .uplot')
+    # the line's ink in the plot area: its lowest pixel is the smallest rate, its highest the largest;
+    # with the axis at 0 on the plot's bottom edge their heights above it are in the rates' ratio
+    lo, hi, bottom = page.evaluate(
+        """() => {
+             const el = document.querySelector('[data-chart="rps"]');
+             const canvas = el.querySelector('canvas'), over = el.querySelector('.u-over').getBoundingClientRect();
+             const c = canvas.getBoundingClientRect(), k = canvas.width / c.width;
+             const x0 = Math.round((over.left - c.left) * k), y0 = Math.round((over.top - c.top) * k);
+             const w = Math.round(over.width * k), h = Math.round(over.height * k);
+             const d = canvas.getContext('2d').getImageData(x0, y0, w, h).data;
+             let top = null, low = null;
+             for (let y = 0; y < h; y++) for (let x = 0; x < w; x++) {
+               const i = (y * w + x) * 4;  // the line is #1d232a, opaque; grid and fill are faint
+               if (d[i + 3] > 200 && d[i] < 100 && d[i + 1] < 100 && d[i + 2] < 100) { if (top === null) top = y; low = y; }
+             }
+             return [low / k, top / k, h / k];
+           }"""
+    )
+    assert lo is not None
+    ratio = (bottom - lo) / (bottom - hi)
+    assert ratio == pytest.approx(min(rps) / max(rps), abs=0.05), (lo, hi, bottom)
+    assert page.js_errors == []
+
+
+def _contrast(fg: str, bg: str) -> float:
+    def luminance(css: str) -> float:
+        rgb = [int(v) / 255 for v in re.findall(r"\d+(?:\.\d+)?", css)[:3]]
+        lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    a, b = sorted((luminance(fg), luminance(bg)))
+    return (b + 0.05) / (a + 0.05)
+
+
+def test_waterfall_duration_labels_never_hide_their_bars(web: WebServer, page: Any, tmp_path: Path) -> None:
+    import httpx
+
+    kept = [r for r in web.requests if _has_spans(web, r.trace_id)][:4]
+    assert kept and web.requests[0] in kept  # the first is an error: its request span's bar is red
+    inside = 0
+    for r in kept:
+        page.goto(f"{web.url}/trace/{r.trace_id}")
+        rows = page.evaluate(
+            """() => [...document.querySelectorAll('.wf-row')].map(row => {
+                 const box = e => { const b = e.getBoundingClientRect(); return [b.left, b.right]; };
+                 const bar = row.querySelector('.wf-bar'), label = row.querySelector('.wf-dur');
+                 const s = getComputedStyle(label);
+                 return { name: row.innerText, track: box(row.querySelector('.wf-track')), bar: box(bar), label: box(label),
+                          labelBg: s.backgroundColor, color: s.color, barBg: getComputedStyle(bar).backgroundColor };
+               })"""
+        )
+        assert len(rows) == httpx.get(f"{web.url}/api/trace/{r.trace_id}", timeout=30).json()["span_count"]
+        for row in rows:
+            (tl, tr), (bl, br), (ll, lr) = row["track"], row["bar"], row["label"]
+            assert tl - 0.5 <= ll and lr <= tr + 0.5, row  # whole inside the track: nothing clipped at the edge
+            if lr <= bl + 0.5 or ll >= br - 0.5:
+                continue  # beside its bar
+            # on its bar: right-aligned at the bar's end, with no backing that would hide the bar under it,
+            # in a colour that reads on the bar
+            inside += 1
+            assert bl - 0.5 <= ll and br - 6 <= lr <= br + 0.5, row
+            assert row["labelBg"] == "rgba(0, 0, 0, 0)", row
+            assert _contrast(row["color"], row["barBg"]) >= 4, row
+    assert inside >= len(kept)  # every client span reaches the right edge, and spans its whole trace
+    _shot(page, tmp_path, "waterfall-labels")
+    assert page.js_errors == []
+
+
+def test_gpu_utilization_has_a_scale(web: WebServer, page: Any, tmp_path: Path) -> None:
+    stalled = next(r for r in web.requests if r.stalled)
+    page.goto(f"{web.url}/trace/{stalled.trace_id}")
+    section = page.locator("section.request").first
+    assert section.locator("polyline.gpu").count() == 1
+    scale = section.locator(".tl-scale")
+    assert scale.count() == 1, "the GPU line has no scale"
+    assert "GPU util" in scale.inner_text()
+    svg = section.locator("svg.timeline").bounding_box()
+    inner = svg["height"] - 2  # the view box's 150 units fill the svg inside its 1 px border
+
+    def y_of(util: float) -> float:  # where the template draws a utilization (polyline y = 146 - 0.4 × util)
+        return svg["y"] + 1 + (146 - 0.4 * util) * inner / 150
+
+    for text, util in (("100 %", 100), ("0 %", 0)):
+        label = scale.get_by_text(text, exact=True).bounding_box()
+        assert label["y"] + label["height"] / 2 == pytest.approx(y_of(util), abs=2), text
+        assert label["x"] + label["width"] <= svg["x"], f"{text} sits beside the timeline, not over it"
+    _shot(page, tmp_path, "gpu-scale")
+    assert page.js_errors == []

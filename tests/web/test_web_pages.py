@@ -366,3 +366,45 @@ def test_request_and_error_counts_read_as_english(web: WebServer) -> None:
         page = _get(web, path).text
         assert re.search(rf"\b{errors:,} {noun}\b", page), path
         assert not re.search(r"\b1 (errors|requests)\b", page), path
+
+
+def _as_ms(text: str) -> float:
+    number, unit = text.rsplit(" ", 1)
+    assert unit in ("ms", "s"), text
+    return float(number.replace(",", "")) * (1000 if unit == "s" else 1)
+
+
+def test_durations_read_in_seconds_from_one_second() -> None:
+    from tokentrace.web._format import ms
+
+    assert [ms(v) for v in (None, 0, 912.44, 999.94, 999.96, 1000, 1290.4, 7290, 9121.5, 12345.6)] == [
+        "—", "0.0 ms", "912.4 ms", "999.9 ms", "1.00 s", "1.00 s", "1.29 s", "7.29 s", "9.12 s", "12.35 s",
+    ]  # fmt: skip
+    # finer figures keep finer seconds; the switch goes by the figure as rounded
+    assert (ms(999.994, 2), ms(999.996, 2), ms(1234.6, 2), ms(1234.56, 3)) == ("999.99 ms", "1.000 s", "1.235 s", "1.2346 s")
+
+
+def test_search_shows_seconds_from_one_second_and_still_sorts_by_value(web: WebServer) -> None:
+    import re
+
+    params = {"sort": "e2e_ms", "order": "desc", "limit": "500"}
+    truth = [row["e2e_ms"] for row in _get(web, "/api/search", params=params).json()["rows"]]
+    shown = re.findall(r"Z</td>\s*<td>([^<]+)</td>", _get(web, "/search", params=params).text)  # after the start time
+    assert len(shown) == len(truth) == len(web.requests)
+    assert min(truth) < 1000 <= max(truth), "the generated requests lie on both sides of 1 s"
+    for text, value in zip(shown, truth, strict=True):
+        assert text.endswith(" s") == (value >= 1000), text
+        assert _as_ms(text) == pytest.approx(value, abs=5 if text.endswith(" s") else 0.05)
+    # sorting is the server's, by the column's numbers: the mixed units still read in order
+    assert [_as_ms(t) for t in shown] == sorted((_as_ms(t) for t in shown), reverse=True)
+
+
+def test_no_page_shows_a_thousand_milliseconds_or_more(edited: WebServer) -> None:
+    import re
+
+    slowest = _get(edited, "/api/search", params={"sort": "e2e_ms", "limit": "1"}).json()["rows"][0]
+    for path in ("/", "/search", "/diagnosis", f"/trace/{slowest['trace_id']}"):
+        page = _get(edited, path).text
+        big = re.search(r"\b\d{1,3}(,\d{3})+(\.\d+)? ms\b", page)
+        assert big is None, (path, big)
+        assert re.search(r"\b\d+\.\d\d s\b", page), path

@@ -54,6 +54,11 @@
     return new uPlot(o, data, el);
   }
 
+  // A y range for rates and counts: from 0 to a rounded-up maximum (0 to 1 when all are 0).
+  function fromZero(u, min, max) {
+    return [0, max > 0 ? uPlot.rangeNum(0, max, 0.1, true)[1] : 1];
+  }
+
   function overviewCharts() {
     var s = readJSON("series");
     if (!s || !s.t || !s.t.length || typeof uPlot === "undefined") return;
@@ -68,7 +73,10 @@
              }),
              [s.t].concat(ps.map(function (p) { return m[p]; })));
       } else if (kind === "rps") {
-        plot(el, [{ label: "req/s", stroke: "#1d232a", fill: "rgba(29,35,42,.08)", width: 1.5, points: { show: false } }], [s.t, s.rps]);
+        // a rate starts at 0: uPlot's own range starts near the smallest value, which makes
+        // 2 vs 3 req/s look like a tenfold swing
+        plot(el, [{ label: "req/s", stroke: "#1d232a", fill: "rgba(29,35,42,.08)", width: 1.5, points: { show: false } }], [s.t, s.rps],
+             { scales: { x: { time: true }, y: { range: fromZero } } });
       } else if (kind === "share") {
         // stacked: each line is the running sum so the bands read as shares of 100 %
         // drawn top band first, so each lower band paints over the one above it
