@@ -112,3 +112,24 @@ def test_an_unexpected_error_is_one_line(monkeypatch, capsys) -> None:  # type: 
     assert cli.main(["report"]) == cli.EXIT_ERROR
     err = capsys.readouterr().err.strip()
     assert err == "tokentrace report: unexpected KeyError: 'model' (run `tokentrace -v ...` for the traceback)"
+
+
+@pytest.mark.parametrize("command", ["import", "serve"])
+def test_writing_into_a_duckdb_file_of_another_program_is_refused(
+    tmp_path: Path, command: str
+) -> None:
+    # tokentrace must not add its tables to somebody else's database
+    db = tmp_path / "other.duckdb"
+    with duckdb.connect(str(db)) as conn:
+        conn.execute("CREATE TABLE orders (x INTEGER)")
+    if command == "import":
+        export = tmp_path / "spans.jsonl"
+        export.write_text(_export_line("svc") + "\n")
+        done = _cli("import", "--db", str(db), str(export))
+    else:
+        done = _cli("serve", "--db", str(db), "--http-port", str(free_port()),
+                    "--grpc-port", str(free_port()), "--web-port", str(free_port()))  # fmt: skip
+    _one_clear_line(done, "is another program's DuckDB database (tables orders)")
+    with duckdb.connect(str(db), read_only=True) as conn:
+        tables = conn.execute("SELECT table_name FROM information_schema.tables").fetchall()
+    assert tables == [("orders",)]

@@ -52,8 +52,30 @@ def open_db(
     except duckdb.Error as exc:
         given = ", ".join(f"{key} {value!r}" for key, value in config.items())
         raise StoreError(f"cannot open {db_path} ({given}): {exc}") from exc
+    foreign = _foreign_tables(conn)
+    if foreign:
+        conn.close()
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise StoreError(
+            f"{db_path} is another program's DuckDB database (tables {shown}), not a "
+            "tokentrace one: tokentrace adds its tables only to its own files; give another --db"
+        )
     migrate(conn)
     return conn
+
+
+def _foreign_tables(conn: duckdb.DuckDBPyConnection) -> list[str]:
+    """Gives the tables and views of a database tokentrace never set up (no
+    `schema_version`), so that opening someone else's file for writing does not
+    add tokentrace's tables to it; [] for a new or a tokentrace database."""
+    names = [
+        row[0]
+        for row in conn.execute(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_catalog = current_database() ORDER BY table_name"
+        ).fetchall()
+    ]
+    return [] if "schema_version" in names else names
 
 
 def open_read_only(path: str | os.PathLike[str] | None = None) -> duckdb.DuckDBPyConnection:
