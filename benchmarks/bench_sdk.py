@@ -308,29 +308,36 @@ def interleaved(
     Chunks are short (tens of ms), so every arm runs under the same machine:
     this VM's speed drifts by 10 % and more between runs a second apart,
     and a slow phase lands on all arms alike.  The order rotates each round
-    so no arm always follows the same one.  Plain arms run with the SDK's
-    background held (`hold_background`); an instrumented chunk's time
-    ends only once the daemon threads have stopped building spans.
+    so no arm always follows the same one.  The SDK's background is held
+    (`hold_background`) but while an instrumented chunk runs, whose time
+    ends only once the daemon threads have stopped building spans: all
+    their work falls inside instrumented chunks.
     """
     names = list(arms)
     totals = {n: [0.0, 0.0, 0.0, []] for n in names}
-    for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            steps, instrumented = arms[name]
-            if not instrumented:
-                hold_background()
-            w0, t0, p0 = time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns()
-            next(steps)
-            if instrumented:
-                hold_background()  # waits out a flush under way: this chunk's time
-            w1, t1, p1 = time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns()
-            release_background()
-            tot = totals[name]
-            tot[0] += (w1 - w0) / 1e9
-            tot[1] += (t1 - t0) / 1e9
-            tot[2] += (p1 - p0) / 1e9
-            tot[3].append((w1 - w0) / 1e9)
+    # Held from here on, but for the instrumented chunks: a flush the daemon
+    # threads wanted meanwhile waits for the next instrumented chunk.  (Released
+    # after every chunk, a flush could slip in between two chunks, untimed.)
+    hold_background()
+    try:
+        for r in range(rounds):
+            k = r % len(names)
+            for name in names[k:] + names[:k]:
+                steps, instrumented = arms[name]
+                w0, t0, p0 = time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns()
+                if instrumented:
+                    release_background()
+                next(steps)
+                if instrumented:
+                    hold_background()  # waits out a flush under way: this chunk's time
+                w1, t1, p1 = time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns()
+                tot = totals[name]
+                tot[0] += (w1 - w0) / 1e9
+                tot[1] += (t1 - t0) / 1e9
+                tot[2] += (p1 - p0) / 1e9
+                tot[3].append((w1 - w0) / 1e9)
+    finally:
+        release_background()
     return {n: (t[0], t[1], t[2], t[3]) for n, t in totals.items()}  # type: ignore[misc]
 
 
