@@ -16,6 +16,8 @@ def ms(value: Any, digits: int = 1) -> str:
     Seconds keep one decimal more than the millisecond form asks for ('912.4 ms',
     '1.29 s'), like the analyzer's evidence text ('E2E p95 7.29 s'); the switch is
     decided on the rounded figure, so 999.97 ms reads '1.00 s', not '1,000.0 ms'.
+    `duration.text` in static/app.js writes the charts' legends the same way (a browser
+    test holds the two to the same output).
     """
     if value is None:
         return "—"

@@ -5,11 +5,12 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
 from tracegen import GeneratedRequest, generate
-from web_testkit import WebServer, serve_app
+from web_testkit import CHROMIUM, CHROMIUM_ARGS, WebServer, serve_app
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +53,33 @@ def edited(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pyt
         # wait for a report still computing: DuckDB refuses to close a connection it runs on
         server.server.config.app.state.reports.close(wait=True)  # type: ignore[attr-defined]
         server.server.config.app.state.db.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Gives a headless Chromium (Debian's) driven by Playwright, one per test module."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """Gives a fresh page that records alert dialogs (`page.dialogs`) and script errors (`page.js_errors`)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    dialogs: list[str] = []
+    errors: list[str] = []
+    pg.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.dialogs = dialogs
+    pg.js_errors = errors
+    try:
+        yield pg
+    finally:
+        context.close()

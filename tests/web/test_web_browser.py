@@ -5,54 +5,15 @@ Screenshots land in the test's tmp dir (`pytest --basetemp=...` to keep them).
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tracegen import XSS_ATTR, XSS_NAME
-from web_testkit import WebServer
+from web_testkit import BROWSER_MARKS, WebServer
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's /usr/bin/chromium"),
-]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    pg = context.new_page()
-    dialogs: list[str] = []
-    errors: list[str] = []
-    pg.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.dialogs = dialogs
-    pg.js_errors = errors
-    try:
-        yield pg
-    finally:
-        context.close()
+pytestmark = BROWSER_MARKS
 
 
 def _shot(page: Any, tmp_path: Path, name: str) -> Path:

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from tracegen import GeneratedRequest
 from tt_testkit import ThreadServer
 
 from tokentrace.collector.settings import CollectorSettings
 from tokentrace.web.app import create_web_app
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+#: The marks of a module of browser tests (its `browser` and `page` fixtures are in conftest.py).
+BROWSER_MARKS = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's /usr/bin/chromium"),
+]
 
 
 @dataclass

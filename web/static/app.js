@@ -5,6 +5,48 @@
   var COLORS = { p50: "#3d85c6", p90: "#6aa84f", p95: "#e69138", p99: "#cc0000",
                  network: "#8e7cc3", queue: "#e69138", prefill: "#3d85c6", decode: "#6aa84f" };
 
+  // Durations read alike on every page. One value (legends) as web/_format.py `ms` gives it to
+  // the cards and tables: "912.4 ms", from 1 s on "1.29 s" with one decimal more, switching on
+  // the rounded figure. An axis says one unit for all its ticks, from its largest tick (ms under
+  // 1 s, s from 1 s on), with the decimals its step needs: "0 ms 250 ms 500 ms", "0.5 s 1.0 s".
+  var duration = (function () {
+    // v with `digits` decimals and thousands commas, rounded as Python's format() rounds
+    // (the exact binary value, an exact tie to even: 147.25 → "147.2", 318.45 → "318.4");
+    // toLocaleString rounds the shortest decimal instead, and toFixed rounds ties up
+    function fixed(v, digits) {
+      var a = Math.abs(v), text = a.toFixed(digits), exact = a.toFixed(digits + 25);
+      if (/50{24}$/.test(exact)) {
+        var down = exact.slice(0, exact.length - 25 - (digits ? 0 : 1));
+        if (Number(down.slice(-1)) % 2 === 0) text = down;
+      }
+      var parts = text.split(".");
+      parts[0] = parts[0].replace(/\B(?=(\d{3})+(?!\d))/g, ",");
+      return (v < 0 && Number(text) !== 0 ? "-" : "") + parts.join(".");
+    }
+    // fewest decimals that write `step` exactly (0.25 → 2, 50 → 0), at most 3
+    function decimals(step) {
+      for (var d = 0; d < 3; d++) {
+        var scaled = Math.abs(step) * Math.pow(10, d);
+        if (Math.abs(scaled - Math.round(scaled)) < 1e-6 * Math.max(1, scaled)) return d;
+      }
+      return 3;
+    }
+    return {
+      text: function (ms, digits) {
+        if (ms == null) return "—";
+        digits = digits == null ? 1 : digits;
+        if (Number(fixed(Math.abs(ms), digits).replace(/,/g, "")) < 1000) return fixed(ms, digits) + " ms";
+        return fixed(ms / 1000, digits + 1) + " s";
+      },
+      axis: function (ticks, step) {
+        var top = ticks.reduce(function (a, t) { return t == null ? a : Math.max(a, Math.abs(t)); }, 0);
+        var per = top >= 1000 ? 1000 : 1, unit = per === 1000 ? " s" : " ms";
+        var d = decimals(step / per);
+        return ticks.map(function (t) { return t == null ? null : fixed(t / per, d) + unit; });
+      },
+    };
+  })();
+
   function readJSON(id) {
     var el = document.getElementById(id);
     return el ? JSON.parse(el.textContent) : null;
@@ -54,6 +96,9 @@
     return new uPlot(o, data, el);
   }
 
+  function durationValue(u, v) { return v == null ? "--" : duration.text(v); }
+  function durationTicks(u, splits, axisIdx, space, incr) { return duration.axis(splits, incr); }
+
   // A y range for rates and counts: from 0 to a rounded-up maximum (0 to 1 when all are 0).
   function fromZero(u, min, max) {
     return [0, max > 0 ? uPlot.rangeNum(0, max, 0.1, true)[1] : 1];
@@ -69,9 +114,11 @@
         var ps = ["p50", "p90", "p95", "p99"];
         // no spanGaps: a bin without requests is a gap, not a line across it
         plot(el, ps.map(function (p) {
-               return { label: p, stroke: COLORS[p], width: 1.5, points: { show: true, size: 4, fill: COLORS[p], filter: lonePoints } };
+               return { label: p, stroke: COLORS[p], width: 1.5, value: durationValue,
+                        points: { show: true, size: 4, fill: COLORS[p], filter: lonePoints } };
              }),
-             [s.t].concat(ps.map(function (p) { return m[p]; })));
+             [s.t].concat(ps.map(function (p) { return m[p]; })),
+             { axes: [{ values: TIME_TICKS }, { size: axisSize, values: durationTicks }] });
       } else if (kind === "rps") {
         // a rate starts at 0: uPlot's own range starts near the smallest value, which makes
         // 2 vs 3 req/s look like a tenfold swing
@@ -94,6 +141,43 @@
              }),
              [s.t].concat(order.map(function (i) { return stacked[i]; })),
              { scales: { x: { time: true }, y: { range: [0, 100] } } });
+      }
+    });
+  }
+
+  // The trace page's time axes (offsets within a request or the trace): ticks at round offsets,
+  // as many as fit, labelled by duration.axis like the charts' duration axes.
+  var STEP_FACTORS = [1, 2, 2.5, 5];
+  function roundStep(total, most) {
+    for (var mag = Math.pow(10, Math.floor(Math.log10(total / most))); ; mag *= 10) {
+      for (var i = 0; i < STEP_FACTORS.length; i++) {
+        if (STEP_FACTORS[i] * mag * most >= total) return STEP_FACTORS[i] * mag;
+      }
+    }
+  }
+
+  function offsetAxes() {
+    document.querySelectorAll("[data-axis-ms]").forEach(function (el) {
+      var total = parseFloat(el.getAttribute("data-axis-ms"));
+      var ticks = [0], step = 1;
+      if (total > 0) {
+        step = roundStep(total, Math.max(2, Math.floor((el.clientWidth || 400) / 100)));
+        for (var k = 1; k * step <= total * (1 + 1e-9); k++) ticks.push(k * step);
+      }
+      var labels = duration.axis(ticks, step);
+      el.textContent = "";
+      ticks.forEach(function (t, i) {
+        var tick = document.createElement("span");
+        tick.style.left = (total > 0 ? t / total * 100 : 0) + "%";
+        tick.textContent = labels[i];
+        el.appendChild(tick);
+      });
+      // a label centred on a tick near the right end would stick out of the axis: drop it,
+      // or with only two ticks left end it at its tick
+      var right = el.getBoundingClientRect().right + 0.5;
+      while (el.lastChild.getBoundingClientRect().right > right) {
+        if (el.children.length > 2) el.removeChild(el.lastChild);
+        else { el.lastChild.classList.add("end"); break; }
       }
     });
   }
@@ -139,5 +223,7 @@
   }
 
   overviewCharts();
+  offsetAxes();
+  window.addEventListener("resize", offsetAxes);
   waterfall();
 })();
