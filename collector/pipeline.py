@@ -12,7 +12,8 @@ A decision thread ticks and decides, oldest first:
 - when the buffer passes its high-water mark, the oldest traces, early (counted).
 It summarizes every request in them (kept or not), asks the sampler whether to
 keep the span tree, and hands the result to the single writer.  Decisions are
-cached so late spans follow them.
+cached so late spans follow them; a kept trace's span ids are cached with its
+decision, so a late span already stored with it (an exporter's retry) is dropped.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class PipelineStats:
     traces_evicted_early: int = 0
     late_spans_kept: int = 0
     late_spans_dropped: int = 0
+    #: late spans of a kept trace whose span id was already stored with it
+    late_duplicates_dropped: int = 0
+    #: repeats of a span id within a buffered trace
     duplicate_spans_dropped: int = 0
     requests_summarized: int = 0
     kept_by_reason: dict[str, int] = field(default_factory=dict)
@@ -91,6 +95,20 @@ def _unique_spans(p: _Pending) -> int:
             unique.append(s)
     p.spans = unique
     return len(spans) - len(unique)
+
+
+def _span_ids(spans: Sequence[Span]) -> bytearray:
+    """Gives the span ids newline-delimited (with a newline at each end), the
+    compact form `_late_is_new` searches: ~17 bytes a span, one object a trace."""
+    return bytearray(("\n" + "\n".join([s.span_id for s in spans]) + "\n").encode())
+
+
+def _late_is_new(ids: bytearray, span_id: str) -> bool:
+    """Whether the span id is not yet in `ids`; adds it when it is not."""
+    if f"\n{span_id}\n".encode() in ids:
+        return False
+    ids += f"{span_id}\n".encode()
+    return True
 
 
 def _holds(p: _Pending, span_id: str) -> bool:
@@ -138,6 +156,9 @@ class Pipeline:
         self._late: list[Span] = []
         self._buffered = 0
         self._decided: OrderedDict[str, bool] = OrderedDict()
+        # span ids of the kept traces in `_decided` (late spans included), to
+        # drop a late span stored already; only late spans ever look them up
+        self._kept_span_ids: dict[str, bytearray] = {}
         self.stats = PipelineStats()
         self._stop = threading.Event()
         self._decide_lock = threading.Lock()
@@ -187,6 +208,7 @@ class Pipeline:
             why = self._refusal(len(spans), fresh)
             if why is not None:
                 return why
+            before = stats.late_spans_dropped, stats.late_duplicates_dropped
             pending = self._pending
             roots = self._roots
             for s in spans:
@@ -196,8 +218,7 @@ class Pipeline:
                     decision = decided.get(trace_id) if decided else None
                     if decision is not None:
                         if decision:
-                            self._late.append(s)
-                            stats.late_spans_kept += 1
+                            self._take_late(trace_id, (s,))
                         else:
                             stats.late_spans_dropped += 1
                         continue
@@ -210,6 +231,12 @@ class Pipeline:
                     roots.append((now, trace_id, parent))
             self._buffered += fresh
             stats.spans_accepted += len(spans)
+            late = fresh != len(spans)
+            if late:
+                not_kept = stats.late_spans_dropped - before[0]
+                duplicates = stats.late_duplicates_dropped - before[1]
+        if late:
+            self._count_dropped_late(not_kept, duplicates)
         return None
 
     def _offer_packed(self, traces: Sequence[PackedTrace]) -> str | None:
@@ -224,6 +251,7 @@ class Pipeline:
             why = self._refusal(received, fresh)
             if why is not None:
                 return why
+            before = stats.late_spans_dropped, stats.late_duplicates_dropped
             pending = self._pending
             roots = self._roots
             for t in traces:
@@ -233,8 +261,7 @@ class Pipeline:
                     decision = decided.get(trace_id) if decided else None
                     if decision is not None:
                         if decision:
-                            self._late.extend(t.spans())
-                            stats.late_spans_kept += t.count
+                            self._take_late(trace_id, t.spans())
                         else:
                             stats.late_spans_dropped += t.count
                         continue
@@ -245,7 +272,34 @@ class Pipeline:
                     roots.append((now, trace_id, parent))
             self._buffered += fresh
             stats.spans_accepted += received
+            late = fresh != received
+            if late:
+                not_kept = stats.late_spans_dropped - before[0]
+                duplicates = stats.late_duplicates_dropped - before[1]
+        if late:
+            self._count_dropped_late(not_kept, duplicates)
         return None
+
+    def _take_late(self, trace_id: str, spans: Sequence[Span]) -> None:
+        """Queues the late spans of a kept trace for writing, but for those
+        whose span id it holds already (lock held)."""
+        ids = self._kept_span_ids.get(trace_id)
+        stats = self.stats
+        for s in spans:
+            if ids is None or _late_is_new(ids, s.span_id):
+                self._late.append(s)
+                stats.late_spans_kept += 1
+            else:
+                stats.late_duplicates_dropped += 1
+
+    def _count_dropped_late(self, not_kept: int, duplicates: int) -> None:
+        """Adds dropped late spans to the self-metrics (outside the lock): those
+        of traces not kept, and those a kept trace held already."""
+        m = self.metrics
+        if not_kept:
+            m.late_spans.labels("false").inc(not_kept)
+        if duplicates:
+            m.duplicate_spans.labels("late").inc(duplicates)
 
     def add_engine_data(self, batch: WriteBatch) -> bool:
         """Engine steps and GPU samples bypass sampling: they are kept whole."""
@@ -304,6 +358,8 @@ class Pipeline:
         m = self.metrics
         if evicted:
             m.traces_evicted.inc(evicted)
+        if late:
+            m.late_spans.labels("true").inc(len(late))
         if not ready:
             if late:
                 self._writer.submit_wait(WriteBatch(late_spans=late))
@@ -316,6 +372,7 @@ class Pipeline:
         decisions: list[tuple[str, bool]] = []
         rules = bool(self._sampler.rules)
         duplicates = 0
+        kept_ids: list[tuple[str, bytearray]] = []
         for trace_id, p in ready:
             waits.observe((now - p.first_seen_ns) / 1e9)
             packed = p.packed
@@ -352,16 +409,21 @@ class Pipeline:
             batch.requests.extend(result.requests)
             batch.itl_counts.extend(itl_counts or [None] * len(result.requests))
             if keep:
-                batch.kept.append(KeptTrace(trace_id, reason, weight, wall, p.all_spans()))
+                spans = p.all_spans()
+                batch.kept.append(KeptTrace(trace_id, reason, weight, wall, spans))
+                kept_ids.append((trace_id, _span_ids(spans)))
             outcomes[(keep, reason)] = outcomes.get((keep, reason), 0) + 1
             decisions.append((trace_id, keep))
         stats = self.stats
         with self._lock:
-            cache = self._decided
+            cache, span_ids = self._decided, self._kept_span_ids
             for trace_id, keep in decisions:
                 cache[trace_id] = keep
+            span_ids.update(kept_ids)
             while len(cache) > self._cache_size:
-                cache.popitem(last=False)
+                trace_id, keep = cache.popitem(last=False)
+                if keep:
+                    span_ids.pop(trace_id, None)
             stats.requests_summarized += len(batch.requests)
             stats.duplicate_spans_dropped += duplicates
             for (keep, reason), n in outcomes.items():
@@ -374,8 +436,8 @@ class Pipeline:
         if batch.requests:
             m.requests_summarized.inc(len(batch.requests))
             m.observe_requests(batch.requests)
-        if late:
-            m.late_spans.labels("true").inc(len(late))
+        if duplicates:
+            m.duplicate_spans.labels("buffered").inc(duplicates)
         # Decisions must not be lost: wait for room in the writer queue (the
         # buffer then fills and receivers answer 503: backpressure, not loss).
         self._writer.submit_wait(batch)

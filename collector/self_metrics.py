@@ -87,6 +87,13 @@ class CollectorMetrics:
         self.late_spans = Counter(
             "tokentrace_late_spans", "spans arriving after their trace was decided", ["kept"], registry=r
         )
+        self.duplicate_spans = Counter(
+            "tokentrace_duplicate_spans",
+            "spans dropped because their trace already held that span id (an exporter's retry), "
+            "while buffered or after the trace was kept",
+            ["when"],
+            registry=r,
+        )
         self.requests_summarized = Counter(
             "tokentrace_requests_summarized", "request summaries written (every request)", registry=r
         )

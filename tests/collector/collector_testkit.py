@@ -9,10 +9,12 @@ from typing import Any
 
 from tt_testkit import ThreadServer, free_port
 
+from tokentrace.collector.decode_pool import DecodePool
 from tokentrace.collector.grpc_receiver import start_grpc_server
 from tokentrace.collector.http_receiver import create_http_app
 from tokentrace.collector.service import Collector
 from tokentrace.collector.settings import CollectorSettings
+from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 
 __all__ = ["LiveCollector", "free_port", "start_live"]
 
@@ -22,6 +24,7 @@ class LiveCollector:
     collector: Collector
     http_port: int
     grpc_port: int
+    decoder: DecodePool | None = None
 
     @property
     def http(self) -> str:
@@ -45,7 +48,11 @@ class LiveCollector:
             cur.close()
 
 
-def start_live(tmp_path: Path, **overrides: Any) -> tuple[LiveCollector, Any]:
+def start_live(
+    tmp_path: Path, *, offload: bool = False, **overrides: Any
+) -> tuple[LiveCollector, Any]:
+    """Starts a collector; `offload`: every OTLP/HTTP protobuf export, however
+    small, is decoded by a decode worker process (the path of big exports)."""
     settings = CollectorSettings(
         db=tmp_path / "live.duckdb", http_port=free_port(), grpc_port=0, web_port=0,
         **{"grace_s": 0.2, "baseline": 0.0, **overrides},
@@ -55,13 +62,16 @@ def start_live(tmp_path: Path, **overrides: Any) -> tuple[LiveCollector, Any]:
     grpc_server, grpc_port = start_grpc_server(
         collector.pipeline, "127.0.0.1", 0, settings.max_body_bytes, collector.metrics
     )
-    app = create_http_app(collector.pipeline, settings.max_body_bytes, collector.metrics)
+    decoder = DecodePool(1, min_bytes=0, itl_bounds_ms=ITL_BUCKET_BOUNDS_MS) if offload else None
+    app = create_http_app(collector.pipeline, settings.max_body_bytes, collector.metrics, decoder)
     server = ThreadServer(app, settings.http_port).__enter__()
-    live = LiveCollector(collector, settings.http_port, grpc_port)
+    live = LiveCollector(collector, settings.http_port, grpc_port, decoder)
 
     def stop() -> None:
         grpc_server.stop(grace=None).wait(5)
         server.__exit__()
+        if decoder is not None:
+            decoder.close()
         collector.close()
 
     return live, stop
