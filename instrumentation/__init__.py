@@ -25,6 +25,7 @@ from tokentrace.instrumentation._asgi import (
 )
 from tokentrace.instrumentation._client import ClientRequest, client_request
 from tokentrace.instrumentation._config import Settings, Tracing, configure, get_tracing, shutdown
+from tokentrace.instrumentation._decorators import phase, traced_request
 from tokentrace.instrumentation._forward import instrument_model, uninstrument_model
 from tokentrace.instrumentation._gpu import GpuReading, GpuSampler, start_gpu_sampler
 from tokentrace.instrumentation._httpx import instrument_httpx, uninstrument_httpx
@@ -33,10 +34,8 @@ from tokentrace.instrumentation._request import (
     RequestTrace,
     TokenBatch,
     current_request,
-    phase,
     record_tokens,
     request,
-    traced_request,
 )
 from tokentrace.instrumentation._steps import EngineStep, engine_step, record_step
 from tokentrace.instrumentation._tokenizer import wrap_tokenizer

@@ -57,7 +57,10 @@ class ClientRequest:
         if n == 1:
             self._chunks.append(now)
         else:
-            self._chunks.extend([now] * n)
+            try:
+                self._chunks.extend([now] * n)
+            except TypeError:  # a count as a string or a float: converted off the usual path
+                self._chunks.extend([now] * _chunk_count(n))
 
     # ---- cold path ---------------------------------------------------------
     def headers(self, existing: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -133,6 +136,15 @@ class ClientRequest:
             except Exception as exc:
                 log_once("client context detach", exc)
             self._ctx = None
+
+
+def _chunk_count(n: Any) -> int:
+    """Gives `chunk(n)`'s count as an int; 0 (logged once) when it is not a number."""
+    try:
+        return int(n)
+    except (TypeError, ValueError, OverflowError):
+        log_once("chunk(n): n is not a number", detail=f" ({n!r}; not recorded)")
+        return 0
 
 
 def client_request(

@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.sampling import DEFAULT_ON
 from opentelemetry.trace import Tracer
 
 from tokentrace.instrumentation._pending_span import PresetIdGenerator
+from tokentrace.instrumentation._safety import log_once
 
 logger = logging.getLogger("tokentrace")
 
@@ -79,6 +80,14 @@ class Settings:
         if cold_idle <= 0:
             raise ValueError(f"cold_start_idle_s must be > 0, not {cold_idle}")
         proto = protocol or env.get(ENV_PROTOCOL) or env.get(ENV_OTEL_PROTOCOL) or "http/protobuf"
+        if proto == "http/json" and not protocol:
+            # OpenTelemetry's third protocol, set for the host's other exporters: every
+            # OTLP/HTTP receiver takes protobuf too, so the same endpoint serves
+            log_once(
+                "OTLP protocol http/json from the environment",
+                detail=": tokentrace exports OTLP/HTTP as protobuf to the same endpoint",
+            )
+            proto = "http/protobuf"
         if proto not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, not {proto!r}")
         default_endpoint = DEFAULT_GRPC_ENDPOINT if proto == "grpc" else DEFAULT_HTTP_ENDPOINT
@@ -145,6 +154,9 @@ class Tracing:
         self.provider = provider
         self.tracer: Tracer = provider.get_tracer(SCOPE_NAME)
         self._owns_provider = owns_provider
+        #: set once `shutdown()` ran (or `configure()` replaced it): what is
+        #: still in flight moves to the configuration current then, if any
+        self.closed = False
         #: set when request spans may be built off the host's thread with ids
         #: drawn at the start: our own provider, its id generator, the default sampler
         self.pending_ids: PresetIdGenerator | None = None
@@ -158,6 +170,7 @@ class Tracing:
         return bool(self.provider.force_flush(timeout_ms))
 
     def shutdown(self) -> None:
+        self.closed = True
         if self._owns_provider:
             self.provider.shutdown()
 
@@ -179,8 +192,8 @@ def _run_flush_hooks() -> None:
     for hook in list(_flush_hooks):
         try:
             hook()
-        except Exception:  # the SDK's own failure must never reach the host
-            logger.exception("tokentrace: flush hook failed")
+        except Exception as exc:  # the SDK's own failure must never reach the host
+            log_once(f"flush hook {getattr(hook, '__qualname__', hook)!s}", exc)
 
 
 def configure(
@@ -204,7 +217,7 @@ def configure(
     `cold_start_requests` (default 1) requests after process start, or after
     `cold_start_idle_s` (default 300) idle seconds, are marked cold starts.
     """
-    global _tracing
+    global _tracing, _shut_down, _disabled
     settings = Settings.resolve(
         endpoint,
         service_name,
@@ -243,6 +256,7 @@ def configure(
         _run_flush_hooks()  # pending data belongs to the old configuration
     with _lock:
         previous, _tracing = _tracing, tracing
+        _shut_down = _disabled = None
     if previous is not None:
         previous.shutdown()
     return tracing
@@ -270,23 +284,71 @@ def _warn_if_lists_get_cut(provider: TracerProvider) -> None:
 
 
 def get_tracing() -> Tracing:
-    """Gives the current SDK state, configuring from the environment on first use."""
+    """Gives the current SDK state, configuring from the environment on first use.
+
+    After `shutdown()` (until `configure()` is called again) it gives a
+    configuration that exports nothing, and says so once in the log: a
+    request that ends while the host shuts down must not start an exporter
+    to the default endpoint.
+    """
     tracing = _tracing
     if tracing is None:
         with _lock:
             tracing = _tracing
         if tracing is None:
-            tracing = configure()
+            if _disabled is not None:
+                return _disabled
+            if _shut_down is not None:
+                return _disabled_tracing(
+                    "used after tt.shutdown(): spans, engine steps and samples from here on are "
+                    "not exported (call tt.configure() to start again)"
+                )
+            try:
+                tracing = configure()
+            except ValueError as exc:  # the environment's mistake must not fail a request
+                return _disabled_tracing(f"not configured, nothing is exported: {exc}")
     return tracing
 
 
+#: the settings of the configuration `shutdown()` ended, until `configure()` is called again
+_shut_down: Settings | None = None
+_disabled: Tracing | None = None
+
+
+def _disabled_tracing(why: str) -> Tracing:
+    """Gives a configuration that records but exports nothing (made once), and says `why` once."""
+    global _disabled
+    with _lock:
+        disabled = _disabled
+        if disabled is None:
+            settings = _shut_down or Settings(
+                endpoint=DEFAULT_HTTP_ENDPOINT,
+                service_name=os.environ.get(ENV_SERVICE_NAME)
+                or os.environ.get(ENV_OTEL_SERVICE_NAME)
+                or DEFAULT_SERVICE_NAME,
+                protocol=PROTOCOLS[0],
+                record_content=False,
+                disabled=True,
+            )
+            provider = TracerProvider(id_generator=PresetIdGenerator())  # no processor: no export
+            disabled = Tracing(replace(settings, disabled=True), provider, owns_provider=True)
+            _disabled = disabled
+    log_once(why)
+    return disabled
+
+
 def shutdown() -> None:
-    """Flushes and stops the exporter; safe to call twice."""
-    global _tracing
+    """Flushes and stops the exporter; safe to call twice.
+
+    Until `configure()` is called again, what the SDK records is not exported.
+    """
+    global _tracing, _shut_down, _disabled
     if _tracing is not None:
         _run_flush_hooks()
     with _lock:
         tracing, _tracing = _tracing, None
+        if tracing is not None:
+            _shut_down, _disabled = tracing.settings, None
     if tracing is not None:
         try:
             tracing.force_flush(5_000)

@@ -133,19 +133,25 @@ class PendingSpan(trace.Span):
         self._ctx: SpanContext | None = None
 
     # ---- the finisher's side ------------------------------------------------
-    def build(self, tracer: Tracer, ids: PresetIdGenerator) -> trace.Span:
-        """Starts the real span with the announced ids and replays what was recorded."""
+    def build(self, tracer: Tracer, ids: PresetIdGenerator | None) -> trace.Span:
+        """Starts the real span with the announced ids and replays what was recorded.
+
+        Without `ids` (the host's provider, configured while the request ran)
+        the span gets ids of the provider's choosing.
+        """
         with _ops_lock:
-            real = ids.start_span_with_ids(
-                tracer,
-                self._trace_id,
-                self._span_id,
-                self._name,
-                context=self._parent,
-                kind=SpanKind.SERVER,
-                attributes=self._attributes,
-                start_time=self._start_ns,
-            )
+            kwargs: dict[str, Any] = {
+                "context": self._parent,
+                "kind": SpanKind.SERVER,
+                "attributes": self._attributes,
+                "start_time": self._start_ns,
+            }
+            if ids is None:
+                real = tracer.start_span(self._name, **kwargs)
+            else:
+                real = ids.start_span_with_ids(
+                    tracer, self._trace_id, self._span_id, self._name, **kwargs
+                )
             for op in self._ops or ():
                 op(real)
             self._ops = None

@@ -12,16 +12,14 @@ scheduler thread can mark phases of a request it does not hold the context of.
 from __future__ import annotations
 
 import contextvars
-import functools
-import inspect
 import itertools
 import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar, cast
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -42,7 +40,6 @@ _propagator = TraceContextTextMapPropagator()
 _current: contextvars.ContextVar[RequestTrace | None] = contextvars.ContextVar(
     "tokentrace_request", default=None
 )
-_F = TypeVar("_F", bound=Callable[..., Any])
 _ids = itertools.count(1)
 _monotonic_ns = time.monotonic_ns  # bound once: token() is the hottest call in the SDK
 #: guards making a request's attribute dict and span on first use (host or finisher)
@@ -78,6 +75,15 @@ os.register_at_fork(after_in_child=_new_prefix_after_fork)
 def _new_request_id() -> str:
     # a prefix drawn once per process and a counter: no formatting on the hot path
     return _prefix + str(next(_ids))
+
+
+def _text_carrier(headers: Mapping[Any, Any]) -> dict[str, str]:
+    """Gives `headers` with lower-case text names and text values (W3C propagation needs them)."""
+
+    def text(value: Any) -> str:
+        return value.decode("latin-1") if isinstance(value, bytes) else str(value)
+
+    return {text(k).lower(): text(v) for k, v in headers.items()}
 
 
 def add_identity(
@@ -136,7 +142,11 @@ class RequestTrace(DeviceTally):
         headers: Mapping[str, str] | None = None,
         attributes: Mapping[str, Any] | None = None,
     ) -> None:
-        self.request_id = request_id or _new_request_id()
+        if not request_id:
+            request_id = _new_request_id()
+        elif request_id.__class__ is not str:  # an int or UUID from the host: its text
+            request_id = str(request_id)
+        self.request_id = request_id
         self._start_mono_ns = time.monotonic_ns()
         self._start_wall_ns = time.time_ns()
         self._tokens: list[int] = []
@@ -158,7 +168,14 @@ class RequestTrace(DeviceTally):
         # span is built (by the finisher, off the host's thread), or when asked for.
         self._raw = (name, model, tenant, traffic_class, attributes, cold)
         self._attrs: dict[str, Any] | None = None
-        self._parent = _propagator.extract(carrier=dict(headers)) if headers else None
+        self._parent = None
+        if headers:
+            carrier = dict(headers)
+            if "traceparent" not in carrier and (
+                b"traceparent" in carrier or "Traceparent" in carrier
+            ):
+                carrier = _text_carrier(carrier)  # raw ASGI headers (bytes), or Title-Case
+            self._parent = _propagator.extract(carrier=carrier)
         self._span: trace.Span | None = None
         if tracing.pending_ids is None:  # the host's own provider or sampler: at once
             self._span = tracing.tracer.start_span(
@@ -190,7 +207,10 @@ class RequestTrace(DeviceTally):
         if count == 1:
             self._tokens.append(_monotonic_ns())
         else:
-            self._tokens.extend([_monotonic_ns()] * count)
+            try:
+                self._tokens.extend([_monotonic_ns()] * count)
+            except TypeError:  # a count as a string or a float: converted off the usual path
+                self._tokens.extend([_monotonic_ns()] * _token_count(count))
 
     def start_phase(self, phase: str) -> None:
         """Marks the start of a phase (tokenize, queue, prefill, decode, detokenize)."""
@@ -201,6 +221,8 @@ class RequestTrace(DeviceTally):
         start = self._open.pop(phase, None)
         if start is not None:
             self._phases.append((phase, start, time.monotonic_ns()))
+        elif not self._finished:  # (after finish() a phase is no longer this request's)
+            log_once(f"end_phase({phase!r}) without start_phase({phase!r})", detail=" (ignored)")
 
     @contextmanager
     def phase(self, phase: str) -> Iterator[None]:
@@ -220,10 +242,29 @@ class RequestTrace(DeviceTally):
 
     def set_tokens(self, prompt: int | None = None, output: int | None = None) -> None:
         """Records token counts (output defaults to the number of token() calls)."""
+        for key, value in ((semconv.PROMPT_TOKENS, prompt), (semconv.OUTPUT_TOKENS, output)):
+            if value is not None:
+                try:
+                    count = int(value)
+                except (TypeError, ValueError, OverflowError):
+                    log_once(
+                        f"set_tokens: {key} is not a number", detail=f" ({value!r}; not recorded)"
+                    )
+                    continue
+                self.set_attribute(key, count)
+
+    def set_content(self, prompt: str | None = None, completion: str | None = None) -> None:
+        """Records the prompt / completion text, only when configured with `record_content`.
+
+        The SDK never records text on its own; without `record_content=True`
+        (or `TOKENTRACE_RECORD_CONTENT=1`) this records nothing.
+        """
+        if not self._tracing.settings.record_content:
+            return
         if prompt is not None:
-            self.set_attribute(semconv.PROMPT_TOKENS, int(prompt))
-        if output is not None:
-            self.set_attribute(semconv.OUTPUT_TOKENS, int(output))
+            self.set_attribute(semconv.PROMPT_TEXT, str(prompt))
+        if completion is not None:
+            self.set_attribute(semconv.COMPLETION_TEXT, str(completion))
 
     def record_error(self, exc: BaseException) -> None:
         span = self.span
@@ -303,12 +344,16 @@ class RequestTrace(DeviceTally):
         """Builds the phase spans and the last attributes, and ends the span (the flusher's work)."""
         span = self.span
         if isinstance(span, PendingSpan):
-            ids = self._tracing.pending_ids
-            if ids is None or not span.sampled:
+            if not span.sampled:
                 span.release()  # an unsampled caller's trace: OpenTelemetry would record nothing
                 return
+            tracing = self._tracing
+            if tracing.closed:
+                # configure() or shutdown() came while it ran: built by what is in force now
+                # (after shutdown(), a configuration that exports nothing and says so)
+                tracing = self._tracing = get_tracing()
             try:
-                span = self._span = span.build(self._tracing.tracer, ids)
+                span = self._span = span.build(tracing.tracer, tracing.pending_ids)
             except Exception as exc:  # the SDK's own failure must never reach the host
                 log_once("request span build", exc)
                 return
@@ -362,10 +407,29 @@ class RequestTrace(DeviceTally):
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if self._ctx_token is not None:
-            _current.reset(self._ctx_token)
+        token = self._ctx_token
+        if token is not None:
             self._ctx_token = None
+            try:
+                _current.reset(token)
+            except ValueError:  # left in another context (see _leave_other_context)
+                self._leave_other_context(token)
         self.finish(exc)
+
+    async def __aenter__(self) -> RequestTrace:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def _leave_other_context(self, token: contextvars.Token[RequestTrace | None]) -> None:
+        # An async generator holding `with tt.request()` that the consumer
+        # abandoned is closed by asyncio's finalizer in a task of its own: its
+        # context is a copy, where the token does not apply.  The request still
+        # ends, and the host's own exception (GeneratorExit) is what goes on.
+        if _current.get() is self:
+            old = token.old_value
+            _current.set(None if old is contextvars.Token.MISSING else old)
 
 
 _Finishing = tuple[
@@ -414,8 +478,23 @@ def record_tokens(requests: Iterable[RequestTrace]) -> None:
     per request, which is what a serving loop's step can afford.
     """
     now = _monotonic_ns()
-    for req in requests:
-        req._tokens.append(now)
+    try:  # free when nothing is raised (Python 3.11+)
+        for req in requests:
+            req._tokens.append(now)
+    except AttributeError as exc:
+        log_once(
+            "record_tokens takes requests (tt.request())",
+            detail=f" ({exc}; that step's tokens from it on are not recorded)",
+        )
+
+
+def _token_count(count: Any) -> int:
+    """Gives `token(count)`'s count as an int; 0 (logged once) when it is not a number."""
+    try:
+        return int(count)
+    except (TypeError, ValueError, OverflowError):
+        log_once("token(count): count is not a number", detail=f" ({count!r}; not recorded)")
+        return 0
 
 
 class TokenBatch:
@@ -439,11 +518,19 @@ class TokenBatch:
         times: list[int] = []
         self._times = times
         for req in requests:
-            ids.append(req.request_id)
-            if req._batches is None:
-                req._batches = [times]
-            else:
-                req._batches.append(times)
+            try:
+                rid = req.request_id
+                if req._batches is None:
+                    req._batches = [times]
+                else:
+                    req._batches.append(times)
+            except AttributeError:
+                log_once(
+                    "TokenBatch takes requests (tt.request())",
+                    detail=f", not {type(req).__name__} ({req!r}: left out of the batch)",
+                )
+                continue
+            ids.append(rid)
         self.request_ids = tuple(ids)
 
     def token(self) -> None:
@@ -454,61 +541,6 @@ class TokenBatch:
 def current_request() -> RequestTrace | None:
     """Gives the request being handled in this context, if any."""
     return _current.get()
-
-
-def phase(name: str) -> Callable[[_F], _F]:
-    """Decorator: times each call as phase `name` of the current request.
-
-    Works on plain and async functions; outside a request it just calls through.
-    """
-
-    def decorate(func: _F) -> _F:
-        if inspect.iscoroutinefunction(func):
-
-            @functools.wraps(func)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                req = _current.get()
-                if req is None:
-                    return await func(*args, **kwargs)
-                with req.phase(name):
-                    return await func(*args, **kwargs)
-
-            return cast(_F, async_wrapper)
-
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            req = _current.get()
-            if req is None:
-                return func(*args, **kwargs)
-            with req.phase(name):
-                return func(*args, **kwargs)
-
-        return cast(_F, wrapper)
-
-    return decorate
-
-
-def traced_request(name: str = semconv.SPAN_REQUEST, **request_kwargs: Any) -> Callable[[_F], _F]:
-    """Decorator: runs each call inside a new request trace (sync or async)."""
-
-    def decorate(func: _F) -> _F:
-        if inspect.iscoroutinefunction(func):
-
-            @functools.wraps(func)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with request(name, **request_kwargs):
-                    return await func(*args, **kwargs)
-
-            return cast(_F, async_wrapper)
-
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with request(name, **request_kwargs):
-                return func(*args, **kwargs)
-
-        return cast(_F, wrapper)
-
-    return decorate
 
 
 def attach(req: RequestTrace) -> object:

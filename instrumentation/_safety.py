@@ -10,14 +10,18 @@ _seen: set[str] = set()
 _seen_lock = threading.Lock()
 
 
-def log_once(site: str, exc: BaseException | None = None) -> None:
-    """Logs the SDK's own error at `site` the first time only (a hot loop must not flood logs)."""
+def log_once(site: str, exc: BaseException | None = None, detail: str = "") -> None:
+    """Logs the SDK's own error at `site` the first time only (a hot loop must not flood logs).
+
+    Without `exc` it is a misuse by the host, said in words: `site` and then
+    `detail` (the first offending value, say), which is not part of the key.
+    """
     with _seen_lock:
         if site in _seen:
             return
         _seen.add(site)
     if exc is None:
-        logger.warning("tokentrace: %s", site)
+        logger.warning("tokentrace: %s%s (further ones are not logged)", site, detail)
     else:
         logger.warning(
             "tokentrace: %s failed (further errors here are not logged)", site, exc_info=exc

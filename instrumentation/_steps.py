@@ -108,6 +108,17 @@ class StepRecorder(QueueFlusher["_StepRecord | EngineStep"]):
             return len(batch)
 
     def _emit(self, batch: list[_StepRecord]) -> None:
+        starts = [r[0] for r in batch]
+        ends = [r[1] for r in batch]
+        if not (_only_ints(starts) and _only_ints(ends)):
+            # a step with no usable time cannot be placed: dropped, and counted
+            timed = [r for r in map(_with_int_times, batch) if r is not None]
+            self.dropped += len(batch) - len(timed)
+            if not timed:
+                return
+            batch = timed
+            starts = [r[0] for r in batch]
+            ends = [r[1] for r in batch]
         tracer = get_tracing().tracer
         gpu_us: list[int] = []
         fwd_host_us: list[int] = []
@@ -120,7 +131,10 @@ class StepRecorder(QueueFlusher["_StepRecord | EngineStep"]):
             if isinstance(ids, list):
                 unique = list(dict.fromkeys(ids))
                 batch_size.append(len(unique))
-                request_ids.append(",".join(unique))
+                try:
+                    request_ids.append(",".join(unique))
+                except TypeError:  # ids that are not strings (ints, UUIDs): as text
+                    request_ids.append(",".join(map(str, unique)))
             else:
                 batch_size.append(rec[4])
                 request_ids.append(ids)
@@ -136,15 +150,17 @@ class StepRecorder(QueueFlusher["_StepRecord | EngineStep"]):
         pack = semconv.pack_list  # one string per list: see semconv.PACKED_LISTS
         attrs: dict[str, Any] = {
             semconv.STEP_COUNT: len(batch),
-            semconv.STEP_START_NS: pack([r[0] for r in batch]),
-            semconv.STEP_DURATION_US: pack([(r[1] - r[0]) // 1000 for r in batch]),
-            semconv.STEP_PREFILL_TOKENS: pack([r[2] for r in batch]),
-            semconv.STEP_DECODE_SEQS: pack([r[3] for r in batch]),
-            semconv.STEP_BATCH_SIZE: pack(batch_size),
-            semconv.STEP_QUEUE_DEPTH: pack([r[5] for r in batch]),
+            semconv.STEP_START_NS: pack(starts),
+            semconv.STEP_DURATION_US: pack(
+                [(e - s) // 1000 for s, e in zip(starts, ends, strict=True)]
+            ),
+            semconv.STEP_PREFILL_TOKENS: pack(_ints([r[2] for r in batch], "prefill tokens", 0)),
+            semconv.STEP_DECODE_SEQS: pack(_ints([r[3] for r in batch], "decode_seqs", 0)),
+            semconv.STEP_BATCH_SIZE: pack(_ints(batch_size, "batch_size", 0)),
+            semconv.STEP_QUEUE_DEPTH: pack(_ints([r[5] for r in batch], "queue_depth", 0)),
             semconv.STEP_REQUEST_IDS: pack(request_ids),
             semconv.STEP_KV_USAGE: pack(kv_usage),
-            semconv.STEP_GPU_US: pack(gpu_us),
+            semconv.STEP_GPU_US: pack(_ints(gpu_us, "gpu_us", -1)),
             semconv.STEP_FORWARD_HOST_US: pack(fwd_host_us),
         }
         if self.dropped:
@@ -155,10 +171,48 @@ class StepRecorder(QueueFlusher["_StepRecord | EngineStep"]):
             context=otel_context.Context(),  # empty context: a new root, its own trace
             kind=SpanKind.INTERNAL,
             attributes=attrs,
-            start_time=min(r[0] for r in batch),
+            start_time=min(starts),
         )
-        span.end(end_time=max(r[1] for r in batch))
+        span.end(end_time=max(ends))
         self.emitted_spans += 1
+
+
+_INT_ONLY = frozenset((int,))
+_INF = float("inf")
+
+
+def _only_ints(values: list[Any]) -> bool:
+    """Whether every value is a plain int (the usual case: one C-speed pass)."""
+    return set(map(type, values)) <= _INT_ONLY
+
+
+def _to_int(value: Any, field: str, unknown: int) -> int:
+    """Gives `value` as an int (a count handed over as "3" or 3.0), `unknown` when it is none."""
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):  # that field is lost, not the step
+        log_once(f"engine step: {field} is not a number", detail=f" ({value!r}; sent as {unknown})")
+        return unknown
+
+
+def _ints(values: list[Any], field: str, unknown: int) -> list[Any]:
+    """Gives `values` as plain ints, converting only where the host handed over something else."""
+    if _only_ints(values):
+        return values
+    return [_to_int(v, field, unknown) for v in values]
+
+
+def _with_int_times(rec: _StepRecord) -> _StepRecord | None:
+    """Gives `rec` with int start and end times, or None (logged once) when it has none."""
+    try:
+        return (int(rec[0]), int(rec[1]), *rec[2:])  # type: ignore[return-value]
+    except (TypeError, ValueError, OverflowError):
+        log_once(
+            "engine step: start_ns / end_ns is not a number",
+            detail=f" ({rec[0]!r}, {rec[1]!r}; the step is dropped, counted in "
+            f"{semconv.STEP_DROPPED})",
+        )
+        return None
 
 
 def _kv(value: float | None) -> float:
@@ -166,10 +220,14 @@ def _kv(value: float | None) -> float:
     if value is None:
         return -1.0
     try:
-        return float(value)
-    except (TypeError, ValueError) as exc:  # a bad value loses that field, not the step
-        log_once("engine-step kv_usage", exc)
+        usage = float(value)
+    except (TypeError, ValueError):  # a bad value loses that field, not the step
+        log_once("engine step: kv_usage is not a number", detail=f" ({value!r}; sent as -1)")
         return -1.0
+    if usage != usage or usage in (_INF, -_INF):  # NaN / inf: no JSON number, no usage
+        log_once("engine step: kv_usage is not finite", detail=f" ({usage}; sent as -1)")
+        return -1.0
+    return usage
 
 
 recorder = StepRecorder()
@@ -208,7 +266,10 @@ class EngineStep(DeviceTally):
         self.prefill_seqs = 0
         #: `decode`: the ids of the requests decoding one token in this step, given
         #: at once (a scheduler has that list): no call per request on the hot path
-        self.request_ids: list[str] = list(decode)
+        try:  # free when nothing is raised (Python 3.11+): no check on the usual path
+            self.request_ids: list[str] = list(decode)
+        except TypeError:
+            self.request_ids = _decode_ids(decode)
         #: `tokens`: every request of this batch got one output token when the step ended
         self.tokens = tokens
         # the forward passes run inside this step (`instrument_model` adds to them);
@@ -220,7 +281,10 @@ class EngineStep(DeviceTally):
 
     def prefill(self, request_id: str, tokens: int) -> None:
         """Records that this step prefilled `tokens` prompt tokens of `request_id`."""
-        self.prefill_tokens += tokens
+        try:
+            self.prefill_tokens += tokens
+        except TypeError:  # a count handed over as a string: converted off the usual path
+            self.prefill_tokens += _to_int(tokens, "prefill tokens", 0)
         self.prefill_seqs += 1
         self.request_ids.append(request_id)
 
@@ -230,7 +294,10 @@ class EngineStep(DeviceTally):
 
     def decode_many(self, request_ids: Iterable[str]) -> None:
         """Records that this step decoded one token of each of `request_ids` (one call a batch)."""
-        self.request_ids.extend(request_ids)
+        try:
+            self.request_ids.extend(request_ids)
+        except TypeError:  # None, or one id: off the usual path
+            self.request_ids.extend(_decode_ids(request_ids))
 
     def __enter__(self) -> EngineStep:
         self._ctx_token = _current_step.set(self)
@@ -243,7 +310,10 @@ class EngineStep(DeviceTally):
         self.end_ns = _time_ns()
         batch = self.tokens
         if batch is not None:
-            batch._times.append(_monotonic_ns())  # requests' token times: their clock
+            try:
+                batch._times.append(_monotonic_ns())  # requests' token times: their clock
+            except AttributeError:  # not a TokenBatch; free when nothing is raised (3.11+)
+                _tokens_of_non_batch(batch)
         token = self._ctx_token
         if token is not None:
             _current_step.reset(token)
@@ -272,6 +342,35 @@ class EngineStep(DeviceTally):
         )
 
 
+def _decode_ids(decode: Any) -> list[Any]:
+    """Gives the decoding ids of `engine_step(decode=...)` when they are not an iterable."""
+    if decode is None:  # "nobody decodes this step", as a scheduler may well say it
+        return []
+    log_once(
+        f"engine_step(decode=...) / decode_many() take an iterable of request ids, not "
+        f"{type(decode).__name__}"
+        " (taken as one id)"
+    )
+    return [decode]
+
+
+def _tokens_of_non_batch(tokens: Any) -> None:
+    """Records the step's tokens for `engine_step(tokens=...)` given requests, not a TokenBatch."""
+    from tokentrace.instrumentation._request import RequestTrace, record_tokens
+
+    what = f"engine_step(tokens=...) takes a tt.TokenBatch, not {type(tokens).__name__}"
+    try:
+        members = list(tokens)
+    except TypeError:
+        members = []
+    requests = [m for m in members if isinstance(m, RequestTrace)]
+    record_tokens(requests)  # one token each, the slower way
+    if requests and len(requests) == len(members):
+        log_once(f"{what} (recorded per request, the slower way)")
+    else:
+        log_once(f"{what} of requests (the step's tokens are not recorded but for requests in it)")
+
+
 #: `with tt.engine_step(queue_depth=..., kv_usage=..., decode=ids) as step:`
 #: records one continuous-batching step when the block exits.  The class itself, not a
 #: factory function: one Python call less on every step.
@@ -281,6 +380,16 @@ engine_step = EngineStep
 def current_step() -> EngineStep | None:
     """Gives the engine step running in this context, if any."""
     return _current_step.get()
+
+
+def _joined_ids(request_ids: Any) -> str:
+    """Gives `record_step`'s request ids joined by "," when they are not all strings."""
+    if request_ids is None:
+        return ""
+    try:
+        return ",".join(map(str, request_ids))
+    except TypeError:  # one id, not a sequence of them
+        return str(request_ids)
 
 
 def record_step(
@@ -295,18 +404,29 @@ def record_step(
     kv_usage: float | None = None,
     gpu_us: int | None = None,
 ) -> None:
-    """Records one step measured by the caller (times from `time.time_ns()`); an append."""
+    """Records one step measured by the caller (times from `time.time_ns()`); an append.
+
+    The values are checked and converted by the flusher, off the caller's
+    thread: one that is not a number is logged once and sent as unknown.
+    """
+    if request_ids.__class__ is str:
+        ids = request_ids  # one id (or ids already joined by ","), not its characters
+    else:
+        try:
+            ids = ",".join(request_ids)
+        except TypeError:  # ids that are not strings, or None: as text
+            ids = _joined_ids(request_ids)
     recorder.append(
         (
-            int(start_ns),
-            int(end_ns),
-            int(prefill_tokens),
-            int(decode_seqs),
-            int(batch_size),
-            int(queue_depth),
-            ",".join(request_ids),
-            -1.0 if kv_usage is None else float(kv_usage),
-            -1 if gpu_us is None else int(gpu_us),
+            start_ns,
+            end_ns,
+            prefill_tokens,
+            decode_seqs,
+            batch_size,
+            queue_depth,
+            ids,
+            kv_usage,
+            -1 if gpu_us is None else gpu_us,
             None,
         )
     )

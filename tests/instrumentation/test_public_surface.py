@@ -26,6 +26,7 @@ MODULES = (
     "_asgi",
     "_background",
     "_client",
+    "_decorators",
     "_forward",
     "_gpu",
     "_httpx",
