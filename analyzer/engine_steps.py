@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokentrace.analyzer.spans import Span, list_attr
+from tokentrace.analyzer.spans import Span, _warned, list_attr, logger
 from tokentrace.analyzer.trace_view import INSTANCE_KEYS
 from tokentrace.instrumentation import semconv as sc
 
@@ -31,6 +31,28 @@ def _at(values: Any, i: int, default: Any) -> Any:
         return values[i]
     except (IndexError, TypeError, KeyError):
         return default
+
+
+_INF = float("inf")
+
+
+def _int(value: Any, default: int) -> int:
+    """Gives a list element as an int, `default` when it is none (a string, NaN, null)."""
+    if value.__class__ is int:
+        return value  # type: ignore[no-any-return]
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
+def _known(value: Any) -> float | None:
+    """Gives a KV usage or GPU time element as a number, None when unknown (< 0, or none)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if 0 <= number < _INF else None  # NaN fails the comparison too
 
 
 #: TGI's batch traces: a root `batch` span (`batch_size`) whose `prefill` / `decode`
@@ -89,23 +111,35 @@ def extract_engine_steps(spans: Sequence[Span]) -> list[EngineStep]:
             )
         )
         instance = next((str(span.resource[k]) for k in INSTANCE_KEYS if k in span.resource), "")
+        unplaced = 0
         for i, start in enumerate(starts):
-            kv = _at(kvs, i, -1)
-            gpu = _at(gpus, i, -1)
+            # Any sender may write these lists: a value that is no number loses its
+            # field (a step without a start, the step), never the span's other steps.
+            start_ns = _int(start, -1)
+            if start_ns < 0:
+                unplaced += 1
+                continue
+            gpu = _known(_at(gpus, i, -1))
             ids = _at(ids_per_step, i, "")
             steps.append(
                 EngineStep(
                     service=span.service_name,
                     instance=instance,
-                    start_ns=int(start),
-                    duration_us=int(_at(durations, i, 0)),
-                    prefill_tokens=int(_at(prefills, i, 0)),
-                    decode_seqs=int(_at(decodes, i, 0)),
-                    batch_size=int(_at(sizes, i, 0)),
-                    queue_depth=int(_at(queues, i, 0)),
-                    kv_usage=None if kv is None or kv < 0 else float(kv),
-                    gpu_us=None if gpu is None or gpu < 0 else int(gpu),
+                    start_ns=start_ns,
+                    duration_us=_int(_at(durations, i, 0), 0),
+                    prefill_tokens=_int(_at(prefills, i, 0), 0),
+                    decode_seqs=_int(_at(decodes, i, 0), 0),
+                    batch_size=_int(_at(sizes, i, 0), 0),
+                    queue_depth=_int(_at(queues, i, 0), 0),
+                    kv_usage=_known(_at(kvs, i, -1)),
+                    gpu_us=None if gpu is None else int(gpu),
                     request_ids=[r for r in str(ids).split(",") if r],
                 )
             )
+        if unplaced and sc.STEP_START_NS not in _warned:
+            _warned.add(sc.STEP_START_NS)
+            logger.warning(
+                "%d engine step(s) of service %r have no usable %s and are ignored (%r)",
+                unplaced, span.service_name, sc.STEP_START_NS, starts[:3],
+            )  # fmt: skip
     return steps

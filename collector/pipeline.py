@@ -25,7 +25,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tokentrace.analyzer.attribution import summarize_trace
+from tokentrace.analyzer.attribution import TraceResult, summarize_trace
 from tokentrace.analyzer.spans import KIND_SERVER, Span
 from tokentrace.collector.packed import PackedTrace
 from tokentrace.collector.sampling import Decision, Sampler
@@ -41,6 +41,11 @@ REFUSED_WRITER_BEHIND = "writer_behind"
 HIGH_WATER = 0.9
 #: ... until the buffer is back under this share.
 LOW_WATER = 0.75
+
+
+#: The reason a trace is kept whose summary or decision failed (see `Pipeline._unsummarized`).
+UNSUMMARIZED = "unsummarized"
+UNSUMMARIZED_DECISION = Decision(True, UNSUMMARIZED, 1.0)
 
 
 @dataclass(slots=True)
@@ -76,6 +81,8 @@ class PipelineStats:
     late_duplicates_dropped: int = 0
     #: repeats of a span id within a buffered trace
     duplicate_spans_dropped: int = 0
+    #: traces the analyzer or the sampler failed on: kept whole, unsummarized
+    traces_unsummarized: int = 0
     requests_summarized: int = 0
     kept_by_reason: dict[str, int] = field(default_factory=dict)
 
@@ -375,6 +382,7 @@ class Pipeline:
         kept_ids: list[tuple[str, bytearray]] = []
         for trace_id, p in ready:
             waits.observe((now - p.first_seen_ns) / 1e9)
+            forced: Decision | None = None
             packed = p.packed
             spans: list[Span] | None
             itl_counts: list[list[int]] | None = None
@@ -387,7 +395,10 @@ class Pipeline:
             else:
                 duplicates += _unique_spans(p)
                 spans = p.all_spans()
-                result = summarize_trace(spans)
+                try:
+                    result = summarize_trace(spans)
+                except Exception:  # one odd trace must not cost the round's other traces
+                    result, forced = TraceResult(), self._unsummarized(trace_id)
             if result.engine_steps:
                 batch.engine_steps.extend(result.engine_steps)
                 if spans is None:
@@ -396,11 +407,14 @@ class Pipeline:
                     # a pure engine-step carrier trace: its data is stored, not its spans
                     decisions.append((trace_id, False))
                     continue
-            decision: Decision = (
-                decide(trace_id, spans, result.requests)
-                if spans is not None
-                else decide(trace_id, (), result.requests, span_error=packed.error)  # type: ignore[union-attr]
-            )
+            try:
+                decision: Decision = forced or (
+                    decide(trace_id, spans, result.requests)
+                    if spans is not None
+                    else decide(trace_id, (), result.requests, span_error=packed.error)  # type: ignore[union-attr]
+                )
+            except Exception:  # the same: its spans are kept, marked
+                decision = self._unsummarized(trace_id)
             keep, reason, weight = decision.keep, decision.reason, decision.weight
             for r in result.requests:
                 r.kept = keep
@@ -442,6 +456,20 @@ class Pipeline:
         # buffer then fills and receivers answer 503: backpressure, not loss).
         self._writer.submit_wait(batch)
         return len(ready)
+
+    def _unsummarized(self, trace_id: str) -> Decision:
+        """Gives the decision for a trace the analyzer or the sampler failed on
+        (logged): no summary, its spans kept whole with the reason `unsummarized`,
+        so that nothing accepted is lost and the round's other traces are written."""
+        stats = self.stats  # (the decide lock is held: the decider's own count)
+        stats.traces_unsummarized += 1
+        if stats.traces_unsummarized == 1:  # the first with its traceback; then counted
+            logger.exception(
+                "tokentrace: trace %s could not be summarized; its spans are kept whole "
+                "(reason %s; further ones are counted in tokentrace_traces{reason=%r})",
+                trace_id, UNSUMMARIZED, UNSUMMARIZED,
+            )  # fmt: skip
+        return UNSUMMARIZED_DECISION
 
     def is_decided(self, trace_id: str) -> bool | None:
         """Gives the cached decision of a trace (True kept), None when not decided."""
