@@ -37,6 +37,13 @@ class ColdStartTracker:
                 return True
             return False
 
+    def after_fork(self) -> None:
+        """In a forked child: a fresh lock (another thread may have held it at the
+        fork), and the child's first requests are cold starts."""
+        self._lock = threading.Lock()
+        self._last = None
+        self._cold_left = None
+
     def reset(self) -> None:
         """Forgets history: the next requests are cold again (as after a restart)."""
         with self._lock:

@@ -160,6 +160,9 @@ class Tracing:
         #: set when request spans may be built off the host's thread with ids
         #: drawn at the start: our own provider, its id generator, the default sampler
         self.pending_ids: PresetIdGenerator | None = None
+        #: `configure()`'s own arguments, when it made the provider: a forked
+        #: child makes its configuration again from them (see `_after_fork_in_child`)
+        self.configured_with: dict[str, Any] | None = None
         ids = getattr(provider, "id_generator", None)
         if owns_provider and isinstance(ids, PresetIdGenerator) and provider.sampler is DEFAULT_ON:
             self.pending_ids = ids
@@ -217,7 +220,13 @@ def configure(
     `cold_start_requests` (default 1) requests after process start, or after
     `cold_start_idle_s` (default 300) idle seconds, are marked cold starts.
     """
-    global _tracing, _shut_down, _disabled
+    global _tracing, _shut_down, _disabled, _forked_from
+    arguments = dict(
+        endpoint=endpoint, service_name=service_name, protocol=protocol,
+        record_content=record_content, resource_attributes=resource_attributes,
+        exporter=exporter, disabled=disabled, cold_start_requests=cold_start_requests,
+        cold_start_idle_s=cold_start_idle_s,
+    )  # fmt: skip
     settings = Settings.resolve(
         endpoint,
         service_name,
@@ -247,6 +256,8 @@ def configure(
             )
     _warn_if_lists_get_cut(tracer_provider)
     tracing = Tracing(settings, tracer_provider, owns_provider=owns)
+    if owns:
+        tracing.configured_with = arguments
     # At exit, what waits in the SDK's queues (finished requests, engine steps)
     # must become spans before the provider's own atexit shutdown exports the
     # last batch: atexit runs last-registered first, so move ours after it.
@@ -256,7 +267,7 @@ def configure(
         _run_flush_hooks()  # pending data belongs to the old configuration
     with _lock:
         previous, _tracing = _tracing, tracing
-        _shut_down = _disabled = None
+        _shut_down = _disabled = _forked_from = None
     if previous is not None:
         previous.shutdown()
     return tracing
@@ -296,6 +307,9 @@ def get_tracing() -> Tracing:
         with _lock:
             tracing = _tracing
         if tracing is None:
+            forked_from = _forked_from
+            if forked_from is not None:  # a forked child: the parent's configuration, its own resource
+                return configure(**forked_from)
             if _disabled is not None:
                 return _disabled
             if _shut_down is not None:
@@ -335,6 +349,31 @@ def _disabled_tracing(why: str) -> Tracing:
             _disabled = disabled
     log_once(why)
     return disabled
+
+
+#: the arguments of the parent's `configure()`, in a forked child that has not used the SDK yet
+_forked_from: dict[str, Any] | None = None
+
+
+def _after_fork_in_child() -> None:
+    """A forked worker (gunicorn --preload, multiprocessing's fork) is its own
+    instance: made again on first use, from the parent's `configure()`
+    arguments, its resource says its own `process.pid`, and its first requests
+    are cold starts.  Kept as the parent's, every worker's spans and engine
+    steps would read as one instance's.  A provider the host passed in is the
+    host's to remake."""
+    global _tracing, _forked_from, _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork
+    tracing = _tracing
+    if tracing is None or tracing.configured_with is None:
+        return
+    _tracing, _forked_from = None, tracing.configured_with
+    from tokentrace.instrumentation._cold_start import tracker
+
+    tracker.after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def shutdown() -> None:
