@@ -10,7 +10,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tokentrace.analyzer.conventions import ADAPTERS
+from tokentrace.analyzer.conventions import ADAPTERS, genai_client
 from tokentrace.analyzer.engine_steps import EngineStep, extract_engine_steps
 from tokentrace.analyzer.spans import Span
 from tokentrace.analyzer.summary import RequestSummary
@@ -26,12 +26,19 @@ class TraceResult:
 
 
 def summarize_trace(spans: Sequence[Span]) -> TraceResult:
-    """Gives the request summaries and engine steps found in one trace's spans."""
+    """Gives the request summaries and engine steps found in one trace's spans.
+
+    The first convention that finds requests wins.  Client-only requests
+    (`genai_client`) are added beside a server-side winner's when they are calls
+    of their own: an agent's trace may call one backend that traces its side and
+    another that does not, and neither request may go missing.
+    """
     result = TraceResult(engine_steps=extract_engine_steps(spans))
     if not spans:
         return result
     view = TraceView(spans)
     for name, adapter in ADAPTERS:
+        view.summarized.clear()
         try:
             found = adapter(view)
         except Exception:  # one odd trace must not stop the pipeline
@@ -39,5 +46,32 @@ def summarize_trace(spans: Sequence[Span]) -> TraceResult:
             continue
         if found:
             result.requests = found
+            if name != genai_client.NAME:
+                try:
+                    result.requests.extend(_calls_beside(view, list(view.summarized)))
+                except Exception:
+                    logger.exception("client-only calls beside trace %s failed", spans[0].trace_id)
             break
     return result
+
+
+def _calls_beside(view: TraceView, served: list[Span]) -> list[RequestSummary]:
+    """Gives the client-only requests that are none of the `served` requests' client side
+    (`served`: the server-side requests' outermost spans)."""
+    clients = genai_client.outer_clients(view)
+    if not clients:
+        return []
+    claimed: set[str] = set()
+    for root in served:
+        top = root
+        for top in view.ancestors(root):
+            claimed.add(top.span_id)
+        if top.parent_span_id:
+            # a lost span above the request: any client span may be its caller
+            return []
+        claimed.add(root.span_id)
+    clients = [c for c in clients if c.span_id not in claimed]
+    if clients:  # rarely: only then walk down (a client span inside a request is part of it)
+        for root in served:
+            claimed.update(d.span_id for d in view.descendants(root))
+    return [genai_client.summarize_client(view, c) for c in clients if c.span_id not in claimed]

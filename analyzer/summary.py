@@ -20,6 +20,9 @@ FLAG_ROOT_MISSING = "root_missing"
 FLAG_SERVER_UNSEEN = "server_unseen"
 #: A reported count could not be one (below zero, or beyond what the store holds): dropped.
 FLAG_IMPOSSIBLE_COUNT = "impossible_count"
+#: A reported time could not be one (NaN, ±inf, negative, beyond 2^63−1 ns; a span or
+#: token time before its request's start; token times out of order): dropped or sorted.
+FLAG_IMPOSSIBLE_VALUE = "impossible_value"
 #: Token counts are INTEGER columns (the `requests` table).
 MAX_TOKEN_COUNT = 2**31 - 1
 

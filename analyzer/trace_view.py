@@ -21,19 +21,26 @@ class TraceView:
         self.spans = spans
         self.by_id: dict[str, Span] = {s.span_id: s for s in spans}
         self.children: dict[str, list[Span]] = defaultdict(list)
+        #: the spans summarized as requests, in order (each adapter's roots)
+        self.summarized: list[Span] = []
         for s in spans:
             if s.parent_span_id:
                 self.children[s.parent_span_id].append(s)
 
     def descendants(self, span: Span) -> Iterable[Span]:
+        # a sender's parent ids may loop (a span its own parent): each span once
+        seen = {span.span_id}
         stack = list(self.children.get(span.span_id, ()))
         while stack:
             s = stack.pop()
+            if s.span_id in seen:
+                continue
+            seen.add(s.span_id)
             yield s
             stack.extend(self.children.get(s.span_id, ()))
 
     def ancestors(self, span: Span) -> Iterable[Span]:
-        seen = set()
+        seen = {span.span_id}  # a loop back to `span` ends the walk: no span is its own ancestor
         parent = self.by_id.get(span.parent_span_id)
         while parent is not None and parent.span_id not in seen:
             seen.add(parent.span_id)

@@ -7,12 +7,12 @@ is the same for every convention, so it lives here once.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, Partition
+from tokentrace.analyzer.conventions._values import MAX_INT64, ValueReader
 from tokentrace.analyzer.itl import apply_token_times, apply_tpot
 from tokentrace.analyzer.spans import STATUS_ERROR, Span, list_attr
 from tokentrace.analyzer.trace_view import ENV_KEYS, INSTANCE_KEYS, TENANT_KEYS, TraceView
@@ -26,46 +26,10 @@ FIRST_TOKEN_EVENT = "First Token Stream Event"
 AGREE_MS = 5.0
 AGREE_FRACTION = 0.05
 
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*(ns|µs|μs|us|ms|s|m|h)\s*$")
-_UNIT_NS = {"ns": 1, "µs": 1_000, "μs": 1_000, "us": 1_000, "ms": 1_000_000, "s": 10**9,
-            "m": 60 * 10**9, "h": 3600 * 10**9}
-
-
-def to_int(value: object) -> int | None:
-    """Gives `value` as an int, None when absent or not a number."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return int(float(value))  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-
-
-def to_float(value: object) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-
-
-def seconds_ns(value: object) -> int | None:
-    """Gives float seconds (vLLM, SGLang, GenAI attributes) as integer ns."""
-    f = to_float(value)
-    return None if f is None else round(f * 1e9)
-
 
 def rust_duration_ns(value: object) -> int | None:
     """Gives a Rust `Duration` Debug string ("3.104512345s", "12.3ms", "123.456µs", "789ns") as ns."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return round(float(value) * 1e9)  # a bare number is seconds
-    if not isinstance(value, str):
-        return None
-    m = _DURATION.match(value)
-    if m is None:
-        return None
-    return round(float(m.group(1)) * _UNIT_NS[m.group(2)])
+    return ValueReader().rust_duration_ns(value)
 
 
 def agree(a_ns: int, b_ns: int) -> bool:
@@ -74,25 +38,28 @@ def agree(a_ns: int, b_ns: int) -> bool:
     return diff <= AGREE_MS or diff <= AGREE_FRACTION * max(abs(a_ns), abs(b_ns)) / NS_PER_MS
 
 
-def client_token_offsets_ms(client: Span) -> list[float]:
+def client_token_offsets_ms(client: Span, reader: ValueReader | None = None) -> list[float]:
     """Gives the user-side token times (ms from the client span start), from any convention."""
+    rd = reader if reader is not None else ValueReader()
     chunks = list_attr(client.attributes, sc.CLIENT_CHUNK_OFFSETS_US)
     if chunks:
-        return [int(c) / 1000.0 for c in chunks]
+        return rd.times_ms(chunks, 1 / 1000)
     times = sorted(e.time_ns for e in client.events if e.name in CHUNK_EVENTS)
-    return [(t - client.start_ns) / NS_PER_MS for t in times]
+    # an event before the span's start is no token time the user saw
+    return rd.times_ms([t - client.start_ns for t in times], 1 / NS_PER_MS)
 
 
-def client_ttft_ms(client: Span) -> float | None:
+def client_ttft_ms(client: Span, reader: ValueReader | None = None) -> float | None:
     """Gives the time to first token as the user saw it, from whichever source the span has."""
-    offsets = client_token_offsets_ms(client)
+    rd = reader if reader is not None else ValueReader()
+    offsets = client_token_offsets_ms(client, rd)
     if offsets:
         return offsets[0]
     for e in client.events:
         if e.name == FIRST_TOKEN_EVENT:
-            return (e.time_ns - client.start_ns) / NS_PER_MS
-    ttfc = to_float(client.attributes.get(sc.CLIENT_TTFC_S))
-    return None if ttfc is None else ttfc * 1000.0
+            return rd.time_ms((e.time_ns - client.start_ns) / NS_PER_MS)
+    ttfc = rd.seconds_ns(client.attributes.get(sc.CLIENT_TTFC_S))
+    return None if ttfc is None else ttfc / NS_PER_MS
 
 
 def build_summary(
@@ -111,12 +78,25 @@ def build_summary(
     flags: Sequence[str] = (),
     cold_start: bool = False,
     extra_model_keys: Sequence[str] = (),
+    reader: ValueReader | None = None,
 ) -> s.RequestSummary:
-    """Gives the request summary of `root` (the outermost server-side span) with `part` applied."""
+    """Gives the request summary of `root` (the outermost server-side span) with `part` applied.
+
+    `reader` is the one the adapter read the request's attributes with: the flags
+    its values call for are the request's.
+    """
+    rd = reader if reader is not None else ValueReader()
     spans = [root, *related, *([client] if client is not None else [])]
-    model = trace.first_attr((sc.REQUEST_MODEL, sc.RESPONSE_MODEL, *extra_model_keys), spans, "")
-    tenant = trace.first_attr(TENANT_KEYS, spans, "")
-    traffic = trace.first_attr((sc.TRAFFIC_CLASS,), spans, "") or sc.TRAFFIC_INTERACTIVE
+    first = _first_attr(spans)
+    model = first((sc.REQUEST_MODEL, sc.RESPONSE_MODEL, *extra_model_keys), "")
+    tenant = first(TENANT_KEYS, "")
+    traffic = first((sc.TRAFFIC_CLASS,), "") or sc.TRAFFIC_INTERACTIVE
+    gpu_mem = rd.count(root.attributes.get(sc.GPU_MEM_MAX_BYTES))
+    if gpu_mem is not None and not 0 <= gpu_mem <= MAX_INT64:
+        gpu_mem = None
+        rd.flag(s.FLAG_IMPOSSIBLE_COUNT)
+    if any(x.end_ns < x.start_ns for x in spans):
+        rd.flag(s.FLAG_IMPOSSIBLE_VALUE)  # a span that ends before it starts: zero-length
     summary = s.RequestSummary(
         trace_id=root.trace_id,
         request_id=request_id or root.span_id,
@@ -125,7 +105,7 @@ def build_summary(
         queue_ms=0.0,
         prefill_ms=0.0,
         decode_ms=0.0,
-        ttft_ms=ttft_ms,
+        ttft_ms=rd.time_ms(ttft_ms),
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,
         model=str(model or root.service_name),
@@ -133,29 +113,52 @@ def build_summary(
         traffic_class=str(traffic),
         service=root.service_name,
         instance=str(trace.first_attr(INSTANCE_KEYS, [root], "")),
-        environment=str(trace.first_attr(ENV_KEYS, spans, "")),
-        route=str(trace.first_attr((sc.ROUTE,), spans, "")),
-        cold_start=cold_start or bool(trace.first_attr((sc.COLD_START,), spans, False)),
+        environment=str(first(ENV_KEYS, "")),
+        route=str(first((sc.ROUTE,), "")),
+        cold_start=cold_start or rd.truth(first((sc.COLD_START,), False)),
         error=any(x.status_code == STATUS_ERROR for x in spans),
-        gpu_util_mean=to_float(root.attributes.get(sc.GPU_UTIL_MEAN)),
-        gpu_mem_max_bytes=to_int(root.attributes.get(sc.GPU_MEM_MAX_BYTES)),
+        gpu_util_mean=rd.number(root.attributes.get(sc.GPU_UTIL_MEAN)),
+        gpu_mem_max_bytes=gpu_mem,
         source=source,
         flags=[f for i, f in enumerate(flags) if f not in flags[:i]],
     )
+    trace.summarized.append(root)
     drop_impossible_counts(summary)
     part.apply(summary)
     if client is not None:
-        summary.ttft_client_ms = client_ttft_ms(client)
+        summary.ttft_client_ms = client_ttft_ms(client, rd)
         if (
             summary.ttft_client_ms is not None
-            and ttft_ms is not None
-            and summary.ttft_client_ms + AGREE_MS < ttft_ms
+            and summary.ttft_ms is not None
+            and summary.ttft_client_ms + AGREE_MS < summary.ttft_ms
         ):
             # the user cannot see the first token before the server made it
             _flag(summary, s.FLAG_SOURCES_DISAGREE)
+    for flag in rd.flags:
+        _flag(summary, flag)
     apply_token_times(summary, list(token_offsets_ms))
     apply_tpot(summary)
     return summary
+
+
+def _first_attr(spans: Sequence[Span]) -> Callable[[Sequence[str], Any], Any]:
+    """Gives `TraceView.first_attr` over `spans`, for many look-ups: the spans' attributes
+    (and resources) merged once, the first span's value winning."""
+    attrs: dict[str, Any] = {}
+    resource: dict[str, Any] = {}
+    for x in reversed(spans):
+        attrs.update(x.attributes)
+        resource.update(x.resource)
+
+    def first(keys: Sequence[str], default: Any) -> Any:
+        for key in keys:
+            if key in attrs:
+                return attrs[key]
+            if key in resource:
+                return resource[key]
+        return default
+
+    return first
 
 
 def drop_impossible_counts(summary: s.RequestSummary) -> None:

@@ -21,35 +21,44 @@ from tokentrace.analyzer.conventions._common import (
     build_summary,
     client_token_offsets_ms,
     client_ttft_ms,
-    to_int,
 )
+from tokentrace.analyzer.conventions._values import ValueReader
 from tokentrace.analyzer.spans import KIND_CLIENT, KIND_SERVER, Span
 from tokentrace.analyzer.trace_view import TraceView
 from tokentrace.instrumentation import semconv as sc
 
 NAME = "genai_client"
-LLM_MARKERS = (sc.OPERATION_NAME, "llm.request.type", "gen_ai.system", "llm.model_name")
+LLM_PREFIXES = ("gen_ai.", "llm.")
 INPUT_TOKENS = (sc.PROMPT_TOKENS, "gen_ai.usage.prompt_tokens", "llm.token_count.prompt", "llm.usage.prompt_tokens")
 OUTPUT_TOKENS = (sc.OUTPUT_TOKENS, "gen_ai.usage.completion_tokens", "llm.token_count.completion", "llm.usage.completion_tokens")
 MODEL_KEYS = ("llm.model_name", "llm.request.model")
 
 
 def _is_llm_client(span: Span) -> bool:
+    # checked on every span of every trace: the cheap tests first
     if span.name == sc.SPAN_CLIENT:
         return True
-    if span.attributes.get("openinference.span.kind") == "LLM":
+    a = span.attributes
+    if span.kind == KIND_CLIENT and any(k.startswith(LLM_PREFIXES) for k in a):
+        # any GenAI / OpenLLMetry attribute marks it: a sender may leave out the usual
+        # markers (gen_ai.operation.name, gen_ai.system, llm.request.type, llm.model_name)
         return True
-    if any(e.name in CHUNK_EVENTS or e.name == FIRST_TOKEN_EVENT for e in span.events):
+    if "openinference.span.kind" in a and a["openinference.span.kind"] == "LLM":
         return True
-    return span.kind == KIND_CLIENT and any(k in span.attributes for k in LLM_MARKERS)
+    return bool(span.events) and any(e.name in CHUNK_EVENTS or e.name == FIRST_TOKEN_EVENT for e in span.events)
 
 
 def summarize(trace: TraceView) -> list[s.RequestSummary]:
+    return [summarize_client(trace, c) for c in outer_clients(trace)]
+
+
+def outer_clients(trace: TraceView) -> list[Span]:
+    """Gives the LLM client spans that are requests: the outermost (wrappers nest)."""
     clients = [x for x in trace.spans if _is_llm_client(x)]
-    # the outermost LLM client span is the user's request (wrappers nest)
+    if len(clients) < 2:
+        return clients
     ids = {c.span_id for c in clients}
-    outer = [c for c in clients if not any(a.span_id in ids for a in trace.ancestors(c))]
-    return [_summarize(trace, c) for c in outer]
+    return [c for c in clients if not any(a.span_id in ids for a in trace.ancestors(c))]
 
 
 def _server_below(trace: TraceView, client: Span) -> Span | None:
@@ -58,9 +67,11 @@ def _server_below(trace: TraceView, client: Span) -> Span | None:
     return min(servers, key=lambda x: (x.start_ns, -x.duration_ns), default=None)
 
 
-def _summarize(trace: TraceView, client: Span) -> s.RequestSummary:
-    offsets = client_token_offsets_ms(client)
-    ttft_client = client_ttft_ms(client)
+def summarize_client(trace: TraceView, client: Span) -> s.RequestSummary:
+    """Gives the request summary of one LLM client span (an outer one)."""
+    rd = ValueReader()
+    offsets = client_token_offsets_ms(client, rd)
+    ttft_client = client_ttft_ms(client, rd)
     server = _server_below(trace, client)
     client_ns = client.duration_ns
     server_ns = server.duration_ns if server is not None else client_ns
@@ -90,10 +101,11 @@ def _summarize(trace: TraceView, client: Span) -> s.RequestSummary:
         related=[client],
         client=None,
         ttft_ms=None,
-        prompt_tokens=to_int(attr_any(client, INPUT_TOKENS)),
-        output_tokens=to_int(attr_any(client, OUTPUT_TOKENS)) or (len(offsets) or None),
+        prompt_tokens=rd.count(attr_any(client, INPUT_TOKENS)),
+        output_tokens=rd.count(attr_any(client, OUTPUT_TOKENS)) or (len(offsets) or None),
         token_offsets_ms=offsets,
         flags=flags,
+        reader=rd,
         extra_model_keys=MODEL_KEYS,
     )
     summary.start_ns = client.start_ns

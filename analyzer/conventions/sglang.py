@@ -15,12 +15,15 @@ import re
 
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
-from tokentrace.analyzer.conventions._common import agree, build_summary, seconds_ns, to_int
+from tokentrace.analyzer.conventions._common import agree, build_summary
+from tokentrace.analyzer.conventions._values import ValueReader
 from tokentrace.analyzer.spans import Span
 from tokentrace.analyzer.trace_view import TraceView
 
 NAME = "sglang"
-ROOT_NAME = re.compile(r"^(?:prefill | decode | )Req ([0-9A-Za-z_-]+)")
+#: `" Req <rid8>"`, `prefill Req …`, `decode Req …`; spacing as senders vary it, and the
+#: rid8 is whatever the user's rid began with (any characters, even none).
+ROOT_NAME = re.compile(r"^\s*(?:(?:prefill|decode)\s+)?Req(?:\s+(.*?))?\s*$")
 SLICE_TOKENIZE = "tokenize"
 SLICE_PREFILL_WAIT = "prefill_waiting"
 SLICE_PREFILL = "prefill_forward"
@@ -48,8 +51,8 @@ def summarize(trace: TraceView) -> list[s.RequestSummary]:
     by_rid: dict[str, list[Span]] = {}
     for r in roots:
         m = ROOT_NAME.match(r.name)
-        assert m is not None
-        by_rid.setdefault(m.group(1), []).append(r)
+        rid = m.group(1) if m is not None else None
+        by_rid.setdefault(rid or r.span_id, []).append(r)
     return [_summarize(trace, rid, group) for rid, group in by_rid.items()]
 
 
@@ -69,13 +72,14 @@ def _attr(roots: list[Span], key: str | tuple[str, ...]) -> object:
 def _summarize(trace: TraceView, rid: str, roots: list[Span]) -> s.RequestSummary:
     roots.sort(key=lambda x: x.start_ns)
     slices = [d for r in roots for d in trace.descendants(r)]
+    rd = ValueReader()
     flags: list[str] = []
     if len(roots) == 1:
         server_ns = roots[0].duration_ns
     else:
         # different processes: add the durations, never subtract across clocks
         server_ns = sum(r.duration_ns for r in roots)
-    e2e_ns = seconds_ns(_attr(roots, E2E))
+    e2e_ns = rd.seconds_ns(_attr(roots, E2E))
     if e2e_ns is not None and len(roots) == 1 and not agree(e2e_ns, server_ns):
         flags.append(s.FLAG_SOURCES_DISAGREE)
     names = {x.name for x in slices}
@@ -83,17 +87,17 @@ def _summarize(trace: TraceView, rid: str, roots: list[Span]) -> s.RequestSummar
         prefill_ns = _slice_ns(slices, SLICE_PREFILL)
         decode_ns = _slice_ns(slices, SLICE_DECODE)
         queue_wait_ns = _slice_ns(slices, SLICE_PREFILL_WAIT) + _slice_ns(slices, SLICE_DECODE_WAIT)
-        attr_queue = seconds_ns(_attr(roots, QUEUE))
+        attr_queue = rd.seconds_ns(_attr(roots, QUEUE))
         if attr_queue is not None and SLICE_PREFILL_WAIT in names and not agree(
             attr_queue, _slice_ns(slices, SLICE_PREFILL_WAIT)
         ):
             flags.append(s.FLAG_SOURCES_DISAGREE)
     else:
         flags.append(s.FLAG_NO_TOKEN_TIMES)
-        queue_wait_ns = seconds_ns(_attr(roots, QUEUE)) or 0
+        queue_wait_ns = rd.seconds_ns(_attr(roots, QUEUE)) or 0
         # the prefill attribute includes the queue wait
-        prefill_ns = max(0, (seconds_ns(_attr(roots, PREFILL)) or 0) - queue_wait_ns)
-        decode_ns = seconds_ns(_attr(roots, DECODE)) or 0
+        prefill_ns = max(0, (rd.seconds_ns(_attr(roots, PREFILL)) or 0) - queue_wait_ns)
+        decode_ns = rd.seconds_ns(_attr(roots, DECODE)) or 0
     client = trace.client_span_of(roots[0])
     part = partition(
         server_ns=server_ns,
@@ -103,7 +107,7 @@ def _summarize(trace: TraceView, rid: str, roots: list[Span]) -> s.RequestSummar
         queue_wait_ns=queue_wait_ns,
         tokenize_ns=_slice_ns(slices, SLICE_TOKENIZE),
     )
-    ttft_ns = seconds_ns(_attr(roots, TTFT))
+    ttft_ns = rd.seconds_ns(_attr(roots, TTFT))
     if ttft_ns is None:
         first_prefill = [x for x in slices if x.name == SLICE_PREFILL]
         if first_prefill and len(roots) == 1:
@@ -117,7 +121,8 @@ def _summarize(trace: TraceView, rid: str, roots: list[Span]) -> s.RequestSummar
         related=roots[1:],
         client=client,
         ttft_ms=None if ttft_ns is None else ttft_ns / NS_PER_MS,
-        prompt_tokens=to_int(_attr(roots, PROMPT_TOKENS)),
-        output_tokens=to_int(_attr(roots, COMPLETION_TOKENS)),
+        prompt_tokens=rd.count(_attr(roots, PROMPT_TOKENS)),
+        output_tokens=rd.count(_attr(roots, COMPLETION_TOKENS)),
         flags=flags,
+        reader=rd,
     )

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
-from tokentrace.analyzer.conventions._common import agree, build_summary, rust_duration_ns, to_int
+from tokentrace.analyzer.conventions._common import agree, build_summary
+from tokentrace.analyzer.conventions._values import ValueReader
 from tokentrace.analyzer.spans import Span
 from tokentrace.analyzer.trace_view import TraceView
 
@@ -32,11 +33,18 @@ TIMING_KEYS = (TOTAL, QUEUE, INFERENCE)
 def summarize(trace: TraceView) -> list[s.RequestSummary]:
     out = []
     for x in trace.spans:
-        if x.name in HANDLERS and any(k in x.attributes for k in TIMING_KEYS):
+        if x.name in HANDLERS and _is_tgi(trace, x):
             # chat_completions calls generate_stream inside: summarize the outermost only
             if not any(a.name in HANDLERS for a in trace.ancestors(x)):
                 out.append(_summarize(trace, x))
     return out
+
+
+def _is_tgi(trace: TraceView, handler: Span) -> bool:
+    # the timing fields, or (when a sender lost them) TGI's own child spans
+    return any(k in handler.attributes for k in TIMING_KEYS) or any(
+        c.name == SPAN_INFER or c.name == SPAN_QUEUED for c in trace.children.get(handler.span_id, ())
+    )
 
 
 def _summarize(trace: TraceView, handler: Span) -> s.RequestSummary:
@@ -45,23 +53,25 @@ def _summarize(trace: TraceView, handler: Span) -> s.RequestSummary:
     # the timing fields may sit on a nested handler (chat_completions → generate_stream)
     for span in [*(x for x in below if x.name in HANDLERS), handler]:
         a.update({k: v for k, v in span.attributes.items() if k in (TOTAL, VALIDATION, QUEUE, INFERENCE, PER_TOKEN)})
+    rd = ValueReader()
     flags: list[str] = []
-    total_ns = rust_duration_ns(a.get(TOTAL))
+    total_ns = rd.rust_duration_ns(a.get(TOTAL))
     server_ns = handler.duration_ns
     if total_ns is not None and not agree(total_ns, server_ns):
         flags.append(s.FLAG_SOURCES_DISAGREE)
     infers = sorted((x for x in below if x.name == SPAN_INFER), key=lambda x: x.start_ns)
     queued = [x for x in below if x.name == SPAN_QUEUED]
-    inference_ns = rust_duration_ns(a.get(INFERENCE))
-    per_token_ns = rust_duration_ns(a.get(PER_TOKEN))
+    inference_ns = rd.rust_duration_ns(a.get(INFERENCE))
+    per_token_ns = rd.rust_duration_ns(a.get(PER_TOKEN))
     ttft_ns: int | None = None
     offsets_ms: list[float] = []
     if infers:
-        prefill_ns = infers[0].duration_ns
-        decode_ns = infers[-1].end_ns - infers[0].end_ns
-        ttft_ns = infers[0].end_ns - handler.start_ns
         # each infer step ends with one token: server-side token times
-        offsets_ms = [(x.end_ns - handler.start_ns) / NS_PER_MS for x in infers]
+        ends = sorted(x.end_ns for x in infers)
+        prefill_ns = infers[0].duration_ns
+        decode_ns = ends[-1] - ends[0]
+        ttft_ns = ends[0] - handler.start_ns
+        offsets_ms = [(e - handler.start_ns) / NS_PER_MS for e in ends]
         output_tokens: int | None = len(infers)
     else:
         flags.append(s.FLAG_NO_TOKEN_TIMES)
@@ -71,8 +81,9 @@ def _summarize(trace: TraceView, handler: Span) -> s.RequestSummary:
             output_tokens = max(1, round(inference_ns / per_token_ns))
         prefill_ns = per_token_ns or 0
         decode_ns = max(0, (inference_ns or 0) - prefill_ns)
-    queue_ns = sum(x.duration_ns for x in queued) if queued else rust_duration_ns(a.get(QUEUE)) or 0
-    if queued and QUEUE in a and not agree(queue_ns, rust_duration_ns(a.get(QUEUE)) or 0):
+    queue_attr_ns = rd.rust_duration_ns(a.get(QUEUE))
+    queue_ns = sum(x.duration_ns for x in queued) if queued else queue_attr_ns or 0
+    if queued and queue_attr_ns is not None and not agree(queue_ns, queue_attr_ns):
         flags.append(s.FLAG_SOURCES_DISAGREE)
     client = trace.client_span_of(handler)
     part = partition(
@@ -81,10 +92,10 @@ def _summarize(trace: TraceView, handler: Span) -> s.RequestSummary:
         prefill_ns=prefill_ns,
         decode_ns=decode_ns,
         queue_wait_ns=queue_ns,
-        tokenize_ns=rust_duration_ns(a.get(VALIDATION)) or 0,
+        tokenize_ns=rd.rust_duration_ns(a.get(VALIDATION)) or 0,
     )
-    prompt = to_int(handler.attributes.get("gen_ai.usage.input_tokens"))
-    out_attr = to_int(handler.attributes.get("gen_ai.usage.output_tokens"))
+    prompt = rd.count(handler.attributes.get("gen_ai.usage.input_tokens"))
+    out_attr = rd.count(handler.attributes.get("gen_ai.usage.output_tokens"))
     return build_summary(
         trace,
         handler,
@@ -98,4 +109,5 @@ def _summarize(trace: TraceView, handler: Span) -> s.RequestSummary:
         output_tokens=out_attr if out_attr is not None else output_tokens,
         token_offsets_ms=offsets_ms,
         flags=flags,
+        reader=rd,
     )

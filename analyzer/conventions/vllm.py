@@ -11,12 +11,8 @@ from __future__ import annotations
 
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
-from tokentrace.analyzer.conventions._common import (
-    agree,
-    build_summary,
-    seconds_ns,
-    to_int,
-)
+from tokentrace.analyzer.conventions._common import agree, build_summary
+from tokentrace.analyzer.conventions._values import ValueReader
 from tokentrace.analyzer.spans import Span
 from tokentrace.analyzer.trace_view import TraceView
 
@@ -34,18 +30,24 @@ REQUEST_ID = "gen_ai.request.id"
 
 
 def summarize(trace: TraceView) -> list[s.RequestSummary]:
-    return [_summarize(trace, x) for x in trace.spans if x.name == SPAN_NAME and E2E in x.attributes]
+    return [_summarize(trace, x) for x in trace.spans if x.name == SPAN_NAME and _is_vllm(x)]
+
+
+def _is_vllm(span: Span) -> bool:
+    # any of its gen_ai attributes: one missing (e2e, say) must not lose the request
+    return E2E in span.attributes or any(k.startswith("gen_ai.") for k in span.attributes)
 
 
 def _summarize(trace: TraceView, span: Span) -> s.RequestSummary:
     a = span.attributes
+    rd = ValueReader()
     flags: list[str] = []
-    e2e_ns = seconds_ns(a.get(E2E)) or 0
-    if span.duration_ns and not agree(e2e_ns, span.duration_ns):
+    e2e_ns = rd.seconds_ns(a.get(E2E))
+    if e2e_ns is not None and span.duration_ns and not agree(e2e_ns, span.duration_ns):
         flags.append(s.FLAG_SOURCES_DISAGREE)
-    prefill_ns = seconds_ns(a.get(PREFILL)) or 0
-    decode_ns = seconds_ns(a.get(DECODE)) or 0
-    inference_ns = seconds_ns(a.get(INFERENCE))
+    prefill_ns = rd.seconds_ns(a.get(PREFILL)) or 0
+    decode_ns = rd.seconds_ns(a.get(DECODE)) or 0
+    inference_ns = rd.seconds_ns(a.get(INFERENCE))
     if inference_ns is not None and not agree(inference_ns, prefill_ns + decode_ns):
         flags.append(s.FLAG_SOURCES_DISAGREE)
     client = trace.client_span_of(span)
@@ -55,9 +57,9 @@ def _summarize(trace: TraceView, span: Span) -> s.RequestSummary:
         client_ns=client.duration_ns if client is not None else None,
         prefill_ns=prefill_ns,
         decode_ns=decode_ns,
-        queue_wait_ns=seconds_ns(a.get(QUEUE)) or 0,
+        queue_wait_ns=rd.seconds_ns(a.get(QUEUE)) or 0,
     )
-    ttft_ns = seconds_ns(a.get(TTFT))
+    ttft_ns = rd.seconds_ns(a.get(TTFT))
     return build_summary(
         trace,
         span,
@@ -66,7 +68,8 @@ def _summarize(trace: TraceView, span: Span) -> s.RequestSummary:
         request_id=str(a.get(REQUEST_ID) or ""),
         client=client,
         ttft_ms=None if ttft_ns is None else ttft_ns / NS_PER_MS,
-        prompt_tokens=to_int(a.get(PROMPT_TOKENS)),
-        output_tokens=to_int(a.get(COMPLETION_TOKENS)),
+        prompt_tokens=rd.count(a.get(PROMPT_TOKENS)),
+        output_tokens=rd.count(a.get(COMPLETION_TOKENS)),
         flags=[*flags, s.FLAG_NO_TOKEN_TIMES],
+        reader=rd,
     )

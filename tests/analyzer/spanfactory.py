@@ -227,3 +227,35 @@ def genai_client_trace(
     prefill = ttft - (network or 0.0)
     server = server_ms if server_ms is not None else total
     return spans, Truth(total, server - prefill - decode, prefill, decode, network, None, tokens)
+
+
+def sdk_trace(
+    tokenize: float, queue: float, prefill: float, itl: float, tokens: int, *,
+    wire: float | None = None, offsets: bool = True, t0_ns: int = 1_700_000_000 * 10**9,
+) -> tuple[list[Span], Truth]:
+    """tokentrace's own SDK spans: a request span with phase children and packed token offsets."""
+    from tokentrace.instrumentation import semconv as sc
+
+    tid = new_id(32)
+    decode = itl * (tokens - 1)
+    e2e = tokenize + queue + prefill + decode
+    first = tokenize + queue + prefill
+    attrs: dict[str, Any] = {sc.REQUEST_ID: f"r-{tid[:8]}", sc.PROMPT_TOKENS: 40,
+                             sc.OUTPUT_TOKENS: tokens, sc.REQUEST_MODEL: "llama"}
+    if offsets:
+        attrs[sc.TOKEN_OFFSETS_US] = sc.pack_list([round((first + i * itl) * 1000) for i in range(tokens)])
+    client = None
+    if wire is not None:
+        client = span(tid, sc.SPAN_CLIENT, -wire / 2, e2e + wire, kind=KIND_CLIENT,
+                      attrs={sc.CLIENT_CHUNK_OFFSETS_US: [round((first + wire / 2 + i * itl) * 1000)
+                                                          for i in range(tokens)],
+                             sc.CLIENT_TTFC_S: (first + wire / 2) / 1000},
+                      resource={"service.name": "app"}, t0_ns=t0_ns)
+    req = span(tid, sc.SPAN_REQUEST, 0, e2e, parent=client, kind=KIND_SERVER, attrs=attrs,
+               resource={"service.name": "sdk-server", "service.instance.id": "i0"}, t0_ns=t0_ns)
+    phases = [span(tid, sc.SPAN_TOKENIZE, 0, tokenize, req, t0_ns=t0_ns),
+              span(tid, sc.SPAN_QUEUE, tokenize, queue, req, t0_ns=t0_ns),
+              span(tid, sc.SPAN_PREFILL, tokenize + queue, prefill, req, t0_ns=t0_ns),
+              span(tid, sc.SPAN_DECODE, first, decode, req, t0_ns=t0_ns)]
+    spans = [req, *phases] + ([client] if client else [])
+    return spans, Truth(e2e + (wire or 0), tokenize + queue, prefill, decode, wire, first, tokens)
