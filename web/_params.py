@@ -41,6 +41,8 @@ _COMPLAINT_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _MAX_TEXT = 200
 #: Times are unix nanoseconds in BIGINT columns: 1970-01-01 up to 2262-04-11.
 _MAX_TIME_NS = 2**63 - 1
+#: Most rows a LIMIT takes (a BIGINT); a cursor's numbers are BIGINT or DOUBLE values of a row.
+_MAX_ROWS = _MAX_BIGINT = 2**63 - 1
 
 
 def _digits(raw: str) -> bool:
@@ -164,13 +166,10 @@ def parse_limit(params: Mapping[str, str]) -> int | None:
     text = _text(params, "limit")
     if text is None:
         return None
-    try:
-        limit = int(text)
-    except ValueError:
-        raise ParamError(f"limit must be a whole number, not {text!r}") from None
-    if limit < 1:
-        raise ParamError(f"limit must be at least 1, not {limit}")
-    return limit
+    # digits only (int() also takes '1_000' and ' +1'), and no more than SQL's LIMIT holds
+    if not _digits(text) or not 1 <= int(text) <= _MAX_ROWS:
+        raise ParamError(f"limit must be a whole number 1..{_MAX_ROWS}, not {text!r}")
+    return int(text)
 
 
 #: Columns the search page sorts by; each is checked against the real schema too.
@@ -251,6 +250,9 @@ def decode_cursor(raw: str) -> tuple[Any, ...]:
         or len(key) != 3
         or not all(isinstance(k, (str, int, float)) and not isinstance(k, bool) for k in key)
         or not all(isinstance(k, str) for k in key[1:])
+        # a row's sort key is a BIGINT or a finite DOUBLE: anything else DuckDB refuses to compare
+        or (isinstance(key[0], int) and not -_MAX_BIGINT - 1 <= key[0] <= _MAX_BIGINT)
+        or (isinstance(key[0], float) and not math.isfinite(key[0]))
     ):
         raise ParamError("after is not a cursor this page gave out")
     return tuple(key)

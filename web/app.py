@@ -6,14 +6,12 @@ HTML is Jinja2 with autoescape on, so every value from spans is escaped.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urlencode
 
 import duckdb
 import jinja2
@@ -32,8 +30,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tokentrace.analyzer.export import write_requests
 from tokentrace.store.connection import StoreError
 from tokentrace.web import _format
+from tokentrace.web._data_json import DataJSONResponse
 from tokentrace.web._db import Database, QueryTimeout, fetch_dicts
 from tokentrace.web._export import to_chrome_trace, to_otlp_json
+from tokentrace.web._guard import make_guard, secure
 from tokentrace.web._overview import filter_choices, newest_start_ns, overview_data
 from tokentrace.web._params import (
     ParamError,
@@ -48,7 +48,6 @@ from tokentrace.web._trace import TraceNotFound, load_spans, resolve_trace_prefi
 
 logger = logging.getLogger("tokentrace.web")
 HERE = Path(__file__).parent
-TOKEN_COOKIE = "tokentrace_token"
 CHOICES_TTL_S = 30.0
 #: `/api/requests.{fmt}`: the formats of `tokentrace requests` and their media types
 EXPORT_MEDIA_TYPES = {
@@ -71,20 +70,6 @@ def error_status(exc: Exception) -> tuple[int, str]:
     if isinstance(exc, StoreError):
         return 503, str(exc)
     return 500, "internal error; see the server log"
-
-
-#: Scripts only from our own /static: even a value that escaped escaping could not run.
-CONTENT_SECURITY_POLICY = (
-    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
-)
-
-
-def _secure(response: Response) -> Response:
-    response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
-    response.headers.setdefault("X-Content-Type-Options", "nosniff")
-    response.headers.setdefault("Referrer-Policy", "no-referrer")
-    return response
 
 
 def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
@@ -114,62 +99,44 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.2f}"
         return response
 
-    @app.middleware("http")
-    async def require_token(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        if token is None:
-            return _secure(await call_next(request))
-        given = request.query_params.get("token")
-        if given is not None and hmac.compare_digest(given.encode(), token.encode()):
-            # a browser link with ?token= once: set the cookie, drop the token from the URL
-            rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-            target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
-            redirect = RedirectResponse(target, status_code=303)
-            redirect.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
-            return redirect
-        header = request.headers.get("authorization", "")
-        bearer = header[7:] if header.lower().startswith("bearer ") else ""
-        cookie = request.cookies.get(TOKEN_COOKIE, "")
-        if any(hmac.compare_digest(v.encode(), token.encode()) for v in (bearer, cookie) if v):
-            return _secure(await call_next(request))
-        return JSONResponse(
-            {
-                "error": "a bearer token is required (Authorization: Bearer …, or open a page once with ?token=…)"
-            },
-            status_code=401,
-            headers={"WWW-Authenticate": "Bearer"},
+    # Host check, token and security headers on every response; the outermost of our
+    # middleware, so refusals and redirects carry the headers too
+    app.middleware("http")(make_guard(getattr(settings, "host", "127.0.0.1"), token))
+
+    def error_response(request: Request, status: int, message: str, headers: Any = None) -> Response:
+        if request.url.path.startswith("/api/"):
+            return secure(JSONResponse({"error": message}, status_code=status, headers=headers))
+        return secure(
+            templates.TemplateResponse(
+                request,
+                "error.html",
+                {"status": status, "message": message, "page": ""},
+                status_code=status,
+                headers=headers,
+            )
         )
 
     def fail(request: Request, exc: Exception) -> Response:
         status, message = error_status(exc)
         if status == 500:
             logger.exception("web request %s failed", request.url.path, exc_info=exc)
-        if request.url.path.startswith("/api/"):
-            return JSONResponse({"error": message}, status_code=status)
-        return templates.TemplateResponse(
-            request,
-            "error.html",
-            {"status": status, "message": message, "page": ""},
-            status_code=status,
-        )
+        return error_response(request, status, message)
 
     # one place maps the web's errors to responses: handlers just raise
     for error_type in (ParamError, TraceNotFound, StoreError, QueryTimeout, duckdb.Error):
         app.add_exception_handler(error_type, fail)  # type: ignore[arg-type]
 
+    def crash(request: Request, exc: Exception) -> Response:
+        # any other exception: the explorer's 500, with the security headers, never internals;
+        # Starlette raises it on to the server afterwards, which logs the traceback
+        return error_response(request, *error_status(exc))
+
+    app.add_exception_handler(Exception, crash)
+
     def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         # FastAPI's own 404/405 (a mistyped URL) as the explorer's error page, not {"detail": …}
         message = "no such page" if exc.status_code == 404 else str(exc.detail)
-        if request.url.path.startswith("/api/"):
-            return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
-        return templates.TemplateResponse(
-            request,
-            "error.html",
-            {"status": exc.status_code, "message": message, "page": ""},
-            status_code=exc.status_code,
-            headers=exc.headers,
-        )
+        return error_response(request, exc.status_code, message, exc.headers)
 
     app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
 
@@ -201,7 +168,7 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
     def overview_api(request: Request) -> Response:
         view = parse_view_filters(request.query_params)
         with db.cursor() as cur:
-            return JSONResponse(overview_data(cur, view, reports))
+            return DataJSONResponse(overview_data(cur, view, reports))
 
     @app.get("/search", response_class=HTMLResponse)
     def search_page(request: Request) -> Response:
@@ -216,7 +183,7 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
     def search_api(request: Request) -> Response:
         params = parse_search(request.query_params)
         with db.cursor() as cur:
-            return JSONResponse(search_data(cur, params, reports))
+            return DataJSONResponse(search_data(cur, params, reports))
 
     @app.get("/trace")
     def trace_jump(request: Request, id: str = "") -> Response:
@@ -236,7 +203,7 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
     def trace_api(request: Request, trace_id: str) -> Response:
         tid = parse_trace_id(trace_id)
         with db.cursor() as cur:
-            return JSONResponse(trace_data(cur, tid))
+            return DataJSONResponse(trace_data(cur, tid))
 
     @app.get("/api/trace/{trace_id}/otlp.json")
     def trace_otlp(request: Request, trace_id: str) -> Response:
@@ -245,7 +212,7 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
             spans, _ = load_spans(cur, tid)
         if not spans:
             raise TraceNotFound(f"no kept spans for trace id {tid} (its spans were sampled out)")
-        return JSONResponse(
+        return DataJSONResponse(
             to_otlp_json(tid, spans),
             headers={"Content-Disposition": f'attachment; filename="trace-{tid}.otlp.json"'},
         )
@@ -260,7 +227,7 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
                     f"no kept spans for trace id {tid} (its spans were sampled out)"
                 )
             steps = _steps_of_trace(cur, tid)
-        return JSONResponse(
+        return DataJSONResponse(
             to_chrome_trace(tid, spans, steps),
             headers={"Content-Disposition": f'attachment; filename="trace-{tid}.chrome.json"'},
         )
@@ -275,7 +242,7 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
 
     @app.get("/api/diagnosis")
     def diagnosis_api(request: Request) -> Response:
-        return JSONResponse(diagnosis(parse_view_filters(request.query_params)))
+        return DataJSONResponse(diagnosis(parse_view_filters(request.query_params)))
 
     def diagnosis(view: Any) -> dict[str, Any]:
         cached, refreshing = reports.get(view, wait_s=REPORT_TIME_LIMIT_S)

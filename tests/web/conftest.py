@@ -9,8 +9,9 @@ from typing import Any
 
 import duckdb
 import pytest
+from hostile import generate_hostile
 from tracegen import GeneratedRequest, generate
-from web_testkit import CHROMIUM, CHROMIUM_ARGS, WebServer, serve_app
+from web_testkit import CHROMIUM, CHROMIUM_ARGS, HostileServer, WebServer, serve_app
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +26,17 @@ def web(generated: tuple[Path, list[GeneratedRequest]]) -> Iterator[WebServer]:
     with server:
         yield WebServer(url, db, requests)
         # wait for a report still computing: DuckDB refuses to close a connection it runs on
+        server.server.config.app.state.reports.close(wait=True)  # type: ignore[attr-defined]
+        server.server.config.app.state.db.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostileServer]:
+    """A server over traces whose every string a sender controls is hostile (tests/web/hostile.py)."""
+    db, traces = generate_hostile(tmp_path_factory.mktemp("webdb-hostile"))
+    server, url = serve_app(db)
+    with server:
+        yield HostileServer(url, db, traces)
         server.server.config.app.state.reports.close(wait=True)  # type: ignore[attr-defined]
         server.server.config.app.state.db.close()  # type: ignore[attr-defined]
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hostile import HostileTrace
 from tracegen import GeneratedRequest
 from tt_testkit import ThreadServer
 
@@ -32,6 +33,14 @@ class WebServer:
     requests: list[GeneratedRequest]
 
 
-def serve_app(db: Path, api_token: str | None = None) -> tuple[ThreadServer, str]:
-    server = ThreadServer(create_web_app(CollectorSettings(db=db, api_token=api_token)))
+@dataclass
+class HostileServer:
+    url: str
+    db: Path
+    traces: list[HostileTrace]
+
+
+def serve_app(db: Path, api_token: str | None = None, host: str = "127.0.0.1") -> tuple[ThreadServer, str]:
+    """Gives a server of the explorer over `db` (`host`: the address `serve` would bind, for its Host check)."""
+    server = ThreadServer(create_web_app(CollectorSettings(db=db, api_token=api_token, host=host)))
     return server, server.url

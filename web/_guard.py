@@ -1,0 +1,125 @@
+"""What every response passes through: the Host check, the bearer token, the security headers.
+
+The explorer serves traces (prompts, tenants) to whoever can reach its port, so:
+
+- bound to a loopback address, it answers only requests whose `Host` names this
+  machine (`localhost`, `127.0.0.1`, `[::1]`, any port): a page on another site
+  whose name an attacker re-points at 127.0.0.1 (DNS rebinding) is refused,
+  as Jupyter does;
+- with a token, every route (pages, API, exports, static files) needs it, compared
+  in constant time and never echoed;
+- every response, refusals and errors included, carries the security headers.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Awaitable, Callable
+from urllib.parse import urlencode, urlsplit
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+
+TOKEN_COOKIE = "tokentrace_token"
+#: Scripts only from our own /static: even a value that escaped escaping could not run.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",  # frame-ancestors for browsers that predate it
+    "Referrer-Policy": "no-referrer",
+    # other sites may not embed the API's JSON or the exports (<script src>, <img>)
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
+#: Host names that always mean this machine.
+_LOCAL_NAMES = ("localhost",)
+
+
+def secure(response: Response) -> Response:
+    """Gives `response` with the security headers (those it set itself are kept)."""
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    return response
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address, IPv6 with or without brackets) is this machine only."""
+    name = host.strip().strip("[]").rstrip(".").lower()
+    if name in _LOCAL_NAMES or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(header: str) -> str | None:
+    """Gives the host name of a `Host` header (`[::1]:8600` → `::1`), None when malformed."""
+    try:
+        parts = urlsplit("//" + header)
+        _ = parts.port  # raises ValueError on a port that is no number
+    except ValueError:
+        return None
+    return parts.hostname
+
+
+def host_refusal(request: Request) -> Response | None:
+    """Gives a 403 when the request's `Host` header names another machine, else None."""
+    header = request.headers.get("host")
+    if header is None:  # HTTP/1.0 without Host: no browser, so no rebinding
+        return None
+    name = _host_name(header)
+    if name is not None and is_loopback(name):
+        return None
+    return JSONResponse(
+        {
+            "error": f"Host {header[:100]!r} is not this machine: the explorer listens on a loopback "
+            "address and answers only http://127.0.0.1:…, http://localhost:… or http://[::1]:… "
+            "(this guards against DNS rebinding; bind another address with --host to serve others)"
+        },
+        status_code=403,
+    )
+
+
+def token_check(token: str, request: Request) -> Response | None:
+    """Gives the response that refuses (401) or redirects (`?token=`) `request`; None lets it through."""
+    expected = token.encode()
+    given = request.query_params.get("token")
+    if given is not None and hmac.compare_digest(given.encode(), expected):
+        # a browser link with ?token= once: set the cookie, drop the token from the URL;
+        # one leading slash only: browsers read `//evil.example` (and `/\\evil.example`) as another site
+        rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+        target = "/" + request.url.path.lstrip("/\\") + (f"?{urlencode(rest)}" if rest else "")
+        redirect = RedirectResponse(target, status_code=303)
+        redirect.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+        return redirect
+    header = request.headers.get("authorization", "")
+    bearer = header[7:] if header.lower().startswith("bearer ") else ""
+    cookie = request.cookies.get(TOKEN_COOKIE, "")
+    if any(hmac.compare_digest(v.encode(), expected) for v in (bearer, cookie) if v):
+        return None
+    return JSONResponse(
+        {"error": "a bearer token is required (Authorization: Bearer …, or open a page once with ?token=…)"},
+        status_code=401,
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+Guard = Callable[[Request, Callable[[Request], Awaitable[Response]]], Awaitable[Response]]
+
+
+def make_guard(bind_host: str, token: str | None) -> Guard:
+    """Gives the middleware that checks Host (when bound to loopback) and the token, then adds headers."""
+    check_host = is_loopback(bind_host)
+
+    async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        refusal = host_refusal(request) if check_host else None
+        if refusal is None and token is not None:
+            refusal = token_check(token, request)
+        return secure(refusal if refusal is not None else await call_next(request))
+
+    return guard
