@@ -50,10 +50,29 @@ def write_requests(
         idx = table.schema.get_field_index("flags")
         flags = pa.array([";".join(f or []) for f in table.column("flags").to_pylist()])
         table = table.set_column(idx, "flags", flags)
-        pacsv.write_csv(table, out)
+        pacsv.write_csv(_inert_for_spreadsheets(table), out)
     else:
         import pyarrow.parquet as pq
 
         pq.write_table(table, out)
     out.flush()
     return table.num_rows
+
+
+#: A text cell a spreadsheet would run as a formula (OWASP "CSV injection").
+FORMULA_START = r"^([=+\-@\t\r])"
+
+
+def _inert_for_spreadsheets(table: Any) -> Any:
+    """Gives `table` with every text cell that starts like a formula (`=`, `+`, `-`,
+    `@`, tab, CR) prefixed by `'`: model, tenant and request ids come from spans,
+    and `=HYPERLINK(...)` as a model name must not become a live formula when the
+    CSV is opened in Excel or LibreOffice.  Numbers are not text: untouched."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for i, field in enumerate(table.schema):
+        if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+            inert = pc.replace_substring_regex(table.column(i), pattern=FORMULA_START, replacement="'\\1")
+            table = table.set_column(i, field, inert)
+    return table

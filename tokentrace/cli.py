@@ -106,8 +106,24 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
 
+    warning = exposure_warning(settings.host, settings.api_token)
+    if warning:
+        print(f"tokentrace serve: warning: {warning}", file=sys.stderr, flush=True)
     serve(settings, ready)
     return 0
+
+
+def exposure_warning(host: str, api_token: str | None) -> str | None:
+    """Says so when `serve` would show every trace to the network without a token."""
+    from tokentrace.web._guard import is_loopback
+
+    if api_token or is_loopback(host):
+        return None
+    return (
+        f"--host {host} serves every trace (tenants, request ids, and prompts where "
+        "recorded) to whoever reaches the port, with no token: add --api-token "
+        "(or $TOKENTRACE_API_TOKEN)"
+    )
 
 
 def _cmd_import(args: argparse.Namespace) -> int:

@@ -133,3 +133,19 @@ def test_writing_into_a_duckdb_file_of_another_program_is_refused(
     with duckdb.connect(str(db), read_only=True) as conn:
         tables = conn.execute("SELECT table_name FROM information_schema.tables").fetchall()
     assert tables == [("orders",)]
+
+
+@pytest.mark.parametrize(
+    ("host", "token", "warned"),
+    [("127.0.0.1", None, False), ("localhost", None, False), ("::1", None, False),
+     ("0.0.0.0", None, True), ("10.1.2.3", None, True), ("0.0.0.0", "s3cret", False)],
+)  # fmt: skip
+def test_serve_warns_when_it_shows_traces_to_the_network_without_a_token(
+    host: str, token: str | None, warned: bool
+) -> None:
+    from tokentrace.cli import exposure_warning
+
+    warning = exposure_warning(host, token)
+    assert (warning is not None) == warned
+    if warning:
+        assert f"--host {host}" in warning and "--api-token" in warning

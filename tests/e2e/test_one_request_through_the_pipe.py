@@ -172,3 +172,26 @@ def test_malformed_otlp_gets_400(serve) -> None:  # type: ignore[no-untyped-def]
     # still serving
     r = httpx.post(url, json={"resourceSpans": []})
     assert r.status_code == 200
+
+
+def test_csv_cells_from_spans_never_become_spreadsheet_formulas(serve) -> None:  # type: ignore[no-untyped-def]
+    # a model name, tenant or request id is whatever a sender wrote: opened in a
+    # spreadsheet, `=HYPERLINK(...)` would be a live formula (OWASP CSV injection)
+    tracing = tt.configure(endpoint=serve.otlp_http, service_name="csv")
+    with tt.request(model='=HYPERLINK("http://x","y")', tenant="@acme", request_id="-1") as req:
+        req.token()
+    assert tracing.force_flush(10_000)
+    tt.shutdown()
+    serve.stop()
+    import csv as csv_module
+    import io
+
+    out = subprocess.run(
+        [sys.executable, "-m", "tokentrace", "requests", "--db", str(serve.db), "--format", "csv"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    (row,) = csv_module.DictReader(io.StringIO(out))
+    assert (row["model"], row["tenant"], row["request_id"]) == (
+        "'=HYPERLINK(\"http://x\",\"y\")", "'@acme", "'-1",
+    )  # fmt: skip
+    assert float(row["e2e_ms"]) >= 0  # numbers stay numbers
