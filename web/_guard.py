@@ -22,6 +22,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 TOKEN_COOKIE = "tokentrace_token"
+
+
+def token_cookie(port: int | None) -> str:
+    """Gives the token cookie's name for the explorer on `port`: cookies are not
+    kept apart by port, so two explorers on one machine would overwrite each
+    other's token (and each would send its token to the other)."""
+    return TOKEN_COOKIE if port is None else f"{TOKEN_COOKIE}_{port}"
+
+
+def _server_port(request: Request) -> int | None:
+    server = request.scope.get("server")
+    return server[1] if server and server[1] else None
 #: Scripts only from our own /static: even a value that escaped escaping could not run.
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
@@ -95,11 +107,13 @@ def token_check(token: str, request: Request) -> Response | None:
         rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
         target = "/" + request.url.path.lstrip("/\\") + (f"?{urlencode(rest)}" if rest else "")
         redirect = RedirectResponse(target, status_code=303)
-        redirect.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+        redirect.set_cookie(
+            token_cookie(_server_port(request)), token, httponly=True, samesite="strict"
+        )
         return redirect
     header = request.headers.get("authorization", "")
     bearer = header[7:] if header.lower().startswith("bearer ") else ""
-    cookie = request.cookies.get(TOKEN_COOKIE, "")
+    cookie = request.cookies.get(token_cookie(_server_port(request)), "")
     if any(hmac.compare_digest(v.encode(), expected) for v in (bearer, cookie) if v):
         return None
     return JSONResponse(

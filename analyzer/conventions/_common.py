@@ -97,6 +97,13 @@ def build_summary(
         rd.flag(s.FLAG_IMPOSSIBLE_COUNT)
     if any(x.end_ns < x.start_ns for x in spans):
         rd.flag(s.FLAG_IMPOSSIBLE_VALUE)  # a span that ends before it starts: zero-length
+    top = root
+    for top in trace.ancestors(root):
+        pass
+    if top.parent_span_id and top.parent_span_id not in trace.by_id:
+        # a caller traced it (its traceparent came in) but its spans never arrived:
+        # sent elsewhere, or lost; what lay above (the network, say) is not measured
+        rd.flag(s.FLAG_ROOT_MISSING)
     summary = s.RequestSummary(
         trace_id=root.trace_id,
         request_id=request_id or root.span_id,

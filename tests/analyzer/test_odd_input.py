@@ -217,3 +217,25 @@ def test_client_of_a_traced_backend_is_not_counted_twice() -> None:
     trace = _agent(lost, untraced)
     lost[0].parent_span_id = "0badc0de0badc0de"
     assert [r.source for r in summarize_trace(trace).requests] == ["vllm"]
+
+
+@pytest.mark.parametrize("make", ["vllm", "sdk"])
+def test_a_caller_whose_spans_never_arrived_flags_root_missing(make: str) -> None:
+    # the request's outermost span names a parent (its caller propagated traceparent)
+    # that never reached the collector: network cannot be measured, and docs say so
+    spans, _ = f.vllm_trace(10.0, 50.0, 200.0) if make == "vllm" else f.sdk_trace(1, 5, 50, 10, 8)
+    whole = _one(list(spans), "vllm" if make == "vllm" else "tokentrace")
+    assert s.FLAG_ROOT_MISSING not in whole.flags
+    spans[0].parent_span_id = f.new_id(16)
+    r = _one(spans, "vllm" if make == "vllm" else "tokentrace")
+    assert s.FLAG_ROOT_MISSING in r.flags
+    assert r.network_ms is None
+
+
+def test_a_client_span_above_the_request_is_its_root() -> None:
+    spans, _ = f.sdk_trace(1, 5, 50, 10, 8, wire=20.0)
+    r = _one(spans, "tokentrace")
+    assert s.FLAG_ROOT_MISSING not in r.flags
+    client = next(x for x in spans if x.kind == 3)
+    client.parent_span_id = f.new_id(16)  # the client's own caller (an agent) never arrived
+    assert s.FLAG_ROOT_MISSING in _one(spans, "tokentrace").flags

@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -24,7 +25,7 @@ from web_testkit import HostileServer, WebServer, serve_app
 
 from tokentrace.collector.otlp import decode_json
 from tokentrace.collector.settings import CollectorSettings
-from tokentrace.web._guard import SECURITY_HEADERS, TOKEN_COOKIE
+from tokentrace.web._guard import SECURITY_HEADERS, token_cookie
 from tokentrace.web.app import create_web_app
 
 TOKEN = "t0ken-Secret-1"
@@ -221,12 +222,14 @@ def test_every_route_needs_the_token_and_none_echoes_it(generated: tuple[Path, l
     app = create_web_app(CollectorSettings(db=generated[0]))
     assert {getattr(r, "path", None) for r in app.routes} == set(urls), "a new route: add it here"
     auth = {"Authorization": f"Bearer {TOKEN}"}
+    cookie = token_cookie(urlsplit(guarded).port)
     for path in urls.values():
-        for headers in ({}, {"Authorization": "Bearer " + TOKEN[:-1]}, {"Cookie": f"{TOKEN_COOKIE}={TOKEN}x"}):
+        for headers in ({}, {"Authorization": "Bearer " + TOKEN[:-1]}, {"Cookie": f"{cookie}={TOKEN}x"},
+                        {"Cookie": f"{token_cookie(None)}={TOKEN}"}):  # another port's name: not ours
             r = _get(guarded, path, headers=headers)
             assert r.status_code == 401, (path, headers)
             assert TOKEN not in r.text and TOKEN not in str(r.headers)
-        for headers in (auth, {"Cookie": f"{TOKEN_COOKIE}={TOKEN}"}):
+        for headers in (auth, {"Cookie": f"{cookie}={TOKEN}"}):
             r = _get(guarded, path, headers=headers, follow_redirects=False)
             assert r.status_code in (200, 303), (path, r.status_code)
             assert TOKEN not in r.content.decode("utf-8", "replace") and TOKEN not in str(r.headers)
