@@ -9,7 +9,7 @@ import duckdb
 from tokentrace.analyzer.filters import Filters
 from tokentrace.web import queries
 from tokentrace.web._db import time_limit
-from tokentrace.web._params import BUCKETS, WINDOWS_NS, ViewFilters
+from tokentrace.web._params import BUCKETS, MAX_FILTER_TEXT, WINDOWS_NS, ViewFilters
 from tokentrace.web._report_cache import ReportCache
 
 PERCENTILES = ("p50", "p90", "p95", "p99")
@@ -34,8 +34,9 @@ def filter_choices(cur: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {"model": [], "tenant": [], "service": []}
     with time_limit(cur):
         for field, value, _ in cur.execute(queries.load("filter_choices")).fetchall():
-            # "" (no tenant) is no choice: the empty filter value means "any"
-            if value and len(out[field]) < 200:
+            # "" (no tenant) is no choice: the empty filter value means "any"; nor is
+            # a value longer than a filter takes (the search would refuse it)
+            if value and len(value) <= MAX_FILTER_TEXT and len(out[field]) < 200:
                 out[field].append(value)
     return out
 

@@ -38,7 +38,12 @@ BUCKETS = ("network", "queue", "prefill", "decode")
 TRAFFIC_CLASSES = ("interactive", "batch")
 _ID_RE = re.compile(r"^[0-9a-fA-F]{1,64}$")
 _COMPLAINT_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_MAX_TEXT = 200
+#: Filter values come from span data (model, tenant, service names): the drop-downs
+#: offer what is stored, so the bound is generous; it only keeps parsing bounded.
+MAX_FILTER_TEXT = 1_000
+#: A cursor carries a row's sort key, trace id and request id, base64'd: request
+#: ids are whatever a sender wrote.
+_MAX_CURSOR = 8_000
 #: Times are unix nanoseconds in BIGINT columns: 1970-01-01 up to 2262-04-11.
 _MAX_TIME_NS = 2**63 - 1
 #: Most rows a LIMIT takes (a BIGINT); a cursor's numbers are BIGINT or DOUBLE values of a row.
@@ -50,12 +55,12 @@ def _digits(raw: str) -> bool:
     return raw.isascii() and raw.isdigit()
 
 
-def _text(params: Mapping[str, str], name: str) -> str | None:
+def _text(params: Mapping[str, str], name: str, most: int = MAX_FILTER_TEXT) -> str | None:
     raw = params.get(name)
     if raw is None or raw.strip() == "":
         return None
-    if len(raw) > _MAX_TEXT:
-        raise ParamError(f"{name} is longer than {_MAX_TEXT} characters")
+    if len(raw) > most:
+        raise ParamError(f"{name} is longer than {most} characters")
     return raw.strip()
 
 
@@ -277,7 +282,7 @@ def parse_search(params: Mapping[str, str]) -> SearchParams:
         raise ParamError(
             f"limit must be an integer {PAGE_SIZES[0]}..{PAGE_SIZES[1]}, not {raw_limit!r}"
         )
-    after_raw = _text(params, "after")
+    after_raw = _text(params, "after", _MAX_CURSOR)
     out = SearchParams(
         view=view,
         min_e2e_ms=_float(params, "min_e2e"),

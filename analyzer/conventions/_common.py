@@ -98,8 +98,8 @@ def build_summary(
     if any(x.end_ns < x.start_ns for x in spans):
         rd.flag(s.FLAG_IMPOSSIBLE_VALUE)  # a span that ends before it starts: zero-length
     top = root
-    for top in trace.ancestors(root):
-        pass
+    for ancestor in trace.ancestors(root):
+        top = ancestor
     if top.parent_span_id and top.parent_span_id not in trace.by_id:
         # a caller traced it (its traceparent came in) but its spans never arrived:
         # sent elsewhere, or lost; what lay above (the network, say) is not measured

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+from pathlib import Path
 
 import duckdb
 import httpx
@@ -408,3 +409,28 @@ def test_no_page_shows_a_thousand_milliseconds_or_more(edited: WebServer) -> Non
         big = re.search(r"\b\d{1,3}(,\d{3})+(\.\d+)? ms\b", page)
         assert big is None, (path, big)
         assert re.search(r"\b\d+\.\d\d s\b", page), path
+
+
+def test_paging_walks_requests_whose_ids_are_long(tmp_path: Path) -> None:
+    # a request id is whatever a sender wrote; the next-page cursor carries it, and
+    # a cursor over the filters' length bound made the second page a 400
+    from tracegen import generate
+
+    db, _ = generate(tmp_path, count=7, evil=False)
+    with duckdb.connect(str(db)) as conn:
+        conn.execute("UPDATE requests SET request_id = repeat('r', 1500) || request_id")
+    server, url = serve_app(db)
+    seen: list[str] = []
+    with server:
+        params: dict[str, str] = {"limit": "2"}
+        for _ in range(10):
+            r = httpx.get(f"{url}/api/search", params=params, timeout=30)
+            assert r.status_code == 200, r.text
+            page = r.json()
+            seen.extend(row["request_id"] for row in page["rows"])
+            if page["next"] is None:
+                break
+            params = page["next"]
+        server.server.config.app.state.reports.close(wait=True)  # type: ignore[attr-defined]
+        server.server.config.app.state.db.close()  # type: ignore[attr-defined]
+    assert len(seen) == len(set(seen)) == 7
