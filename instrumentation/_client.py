@@ -17,7 +17,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._config import get_tracing
 from tokentrace.instrumentation._request import add_identity
-from tokentrace.instrumentation._safety import log_once
+from tokentrace.instrumentation._safety import count_or_zero, log_once
 
 _propagator = TraceContextTextMapPropagator()
 
@@ -60,7 +60,7 @@ class ClientRequest:
             try:
                 self._chunks.extend([now] * n)
             except TypeError:  # a count as a string or a float: converted off the usual path
-                self._chunks.extend([now] * _chunk_count(n))
+                self._chunks.extend([now] * count_or_zero(n, "chunk(n): n"))
 
     # ---- cold path ---------------------------------------------------------
     def headers(self, existing: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -136,15 +136,6 @@ class ClientRequest:
             except Exception as exc:
                 log_once("client context detach", exc)
             self._ctx = None
-
-
-def _chunk_count(n: Any) -> int:
-    """Gives `chunk(n)`'s count as an int; 0 (logged once) when it is not a number."""
-    try:
-        return int(n)
-    except (TypeError, ValueError, OverflowError):
-        log_once("chunk(n): n is not a number", detail=f" ({n!r}; not recorded)")
-        return 0
 
 
 def client_request(

@@ -33,7 +33,7 @@ from tokentrace.instrumentation._config import add_flush_hook, get_tracing
 from tokentrace.instrumentation._forward import poll_device_timings
 from tokentrace.instrumentation._gpu import gpu_summary
 from tokentrace.instrumentation._pending_span import PendingSpan
-from tokentrace.instrumentation._safety import log_once
+from tokentrace.instrumentation._safety import count_or_zero, log_once
 from tokentrace.instrumentation._tally import DeviceTally
 
 _propagator = TraceContextTextMapPropagator()
@@ -210,7 +210,7 @@ class RequestTrace(DeviceTally):
             try:
                 self._tokens.extend([_monotonic_ns()] * count)
             except TypeError:  # a count as a string or a float: converted off the usual path
-                self._tokens.extend([_monotonic_ns()] * _token_count(count))
+                self._tokens.extend([_monotonic_ns()] * count_or_zero(count, "token(count): count"))
 
     def start_phase(self, phase: str) -> None:
         """Marks the start of a phase (tokenize, queue, prefill, decode, detokenize)."""
@@ -486,15 +486,6 @@ def record_tokens(requests: Iterable[RequestTrace]) -> None:
             "record_tokens takes requests (tt.request())",
             detail=f" ({exc}; that step's tokens from it on are not recorded)",
         )
-
-
-def _token_count(count: Any) -> int:
-    """Gives `token(count)`'s count as an int; 0 (logged once) when it is not a number."""
-    try:
-        return int(count)
-    except (TypeError, ValueError, OverflowError):
-        log_once("token(count): count is not a number", detail=f" ({count!r}; not recorded)")
-        return 0
 
 
 class TokenBatch:

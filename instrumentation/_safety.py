@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 logger = logging.getLogger("tokentrace")
 _seen: set[str] = set()
@@ -26,3 +27,13 @@ def log_once(site: str, exc: BaseException | None = None, detail: str = "") -> N
         logger.warning(
             "tokentrace: %s failed (further errors here are not logged)", site, exc_info=exc
         )
+
+
+def count_or_zero(value: Any, what: str) -> int:
+    """Gives a count the host handed over as text or a float (`token("3")`) as an int;
+    0 (nothing recorded, logged once) when it is not a number.  Off the usual path."""
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        log_once(f"{what} is not a number", detail=f" ({value!r}; not recorded)")
+        return 0
