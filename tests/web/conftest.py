@@ -11,7 +11,7 @@ import duckdb
 import pytest
 from hostile import generate_hostile
 from tracegen import GeneratedRequest, generate
-from web_testkit import CHROMIUM, CHROMIUM_ARGS, HostileServer, WebServer, serve_app
+from web_testkit import CHROMIUM, CHROMIUM_ARGS, HostileServer, WebServer, explorer
 
 
 @pytest.fixture(scope="session")
@@ -22,23 +22,16 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Gene
 @pytest.fixture(scope="session")
 def web(generated: tuple[Path, list[GeneratedRequest]]) -> Iterator[WebServer]:
     db, requests = generated
-    server, url = serve_app(db)
-    with server:
+    with explorer(db) as url:
         yield WebServer(url, db, requests)
-        # wait for a report still computing: DuckDB refuses to close a connection it runs on
-        server.server.config.app.state.reports.close(wait=True)  # type: ignore[attr-defined]
-        server.server.config.app.state.db.close()  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostileServer]:
     """A server over traces whose every string a sender controls is hostile (tests/web/hostile.py)."""
     db, traces = generate_hostile(tmp_path_factory.mktemp("webdb-hostile"))
-    server, url = serve_app(db)
-    with server:
+    with explorer(db) as url:
         yield HostileServer(url, db, traces)
-        server.server.config.app.state.reports.close(wait=True)  # type: ignore[attr-defined]
-        server.server.config.app.state.db.close()  # type: ignore[attr-defined]
 
 
 #: The second database's idle stretch between its two halves of requests.
@@ -59,12 +52,8 @@ def edited(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pyt
         conn.execute("UPDATE requests SET start_ns = start_ns + ? WHERE request_id >= 'req-0060'", [IDLE_NS])
     finally:
         conn.close()
-    server, url = serve_app(db)
-    with server:
+    with explorer(db) as url:
         yield WebServer(url, db, requests)
-        # wait for a report still computing: DuckDB refuses to close a connection it runs on
-        server.server.config.app.state.reports.close(wait=True)  # type: ignore[attr-defined]
-        server.server.config.app.state.db.close()  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import duckdb
 import httpx
 import pytest
 from tracegen import XSS_ATTR, XSS_NAME
-from web_testkit import WebServer, serve_app
+from web_testkit import WebServer, explorer
 
 from tokentrace.collector.otlp import decode_json
 from tokentrace.instrumentation import semconv as sc
@@ -262,8 +262,7 @@ def test_unknown_and_malformed_trace_ids(web: WebServer) -> None:
 
 def test_bearer_token_guards_pages_and_api(generated: tuple[object, object]) -> None:
     db, requests = generated
-    server, url = serve_app(db, api_token="s3cret")  # type: ignore[arg-type]
-    with server:
+    with explorer(db, api_token="s3cret") as url:  # type: ignore[arg-type]
         assert httpx.get(url + "/api/overview").status_code == 401
         assert httpx.get(url + "/", headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert httpx.get(url + "/api/overview", headers={"Authorization": "Bearer s3cret"}).status_code == 200
@@ -274,8 +273,6 @@ def test_bearer_token_guards_pages_and_api(generated: tuple[object, object]) -> 
             assert first.status_code == 200
             assert browser.get("/api/search").status_code == 200  # the cookie now carries the token
         assert httpx.get(url + "/static/app.js").status_code == 401
-        server.server.config.app.state.reports.close()  # type: ignore[attr-defined]
-        server.server.config.app.state.db.close()  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
@@ -419,9 +416,8 @@ def test_paging_walks_requests_whose_ids_are_long(tmp_path: Path) -> None:
     db, _ = generate(tmp_path, count=7, evil=False)
     with duckdb.connect(str(db)) as conn:
         conn.execute("UPDATE requests SET request_id = repeat('r', 1500) || request_id")
-    server, url = serve_app(db)
     seen: list[str] = []
-    with server:
+    with explorer(db) as url:
         params: dict[str, str] = {"limit": "2"}
         for _ in range(10):
             r = httpx.get(f"{url}/api/search", params=params, timeout=30)
@@ -431,6 +427,4 @@ def test_paging_walks_requests_whose_ids_are_long(tmp_path: Path) -> None:
             if page["next"] is None:
                 break
             params = page["next"]
-        server.server.config.app.state.reports.close(wait=True)  # type: ignore[attr-defined]
-        server.server.config.app.state.db.close()  # type: ignore[attr-defined]
     assert len(seen) == len(set(seen)) == 7

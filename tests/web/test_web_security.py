@@ -20,8 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from hostile import NON_FINITE
-from tt_testkit import ThreadServer
-from web_testkit import HostileServer, WebServer, serve_app
+from web_testkit import HostileServer, WebServer, explorer, serving
 
 from tokentrace.collector.otlp import decode_json
 from tokentrace.collector.settings import CollectorSettings
@@ -43,11 +42,6 @@ def _strict_json(text: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
     return json.loads(text, parse_constant=refuse)
-
-
-def _close(server: ThreadServer) -> None:
-    server.server.config.app.state.reports.close(wait=True)  # type: ignore[attr-defined]
-    server.server.config.app.state.db.close()  # type: ignore[attr-defined]
 
 
 # ---- hostile span data through the JSON API and the exports ---------------------------
@@ -177,10 +171,8 @@ def test_no_parameter_value_gets_a_500(web: WebServer, route: str) -> None:
 
 @pytest.fixture
 def guarded(generated: tuple[Path, object]) -> Iterator[str]:
-    server, url = serve_app(generated[0], api_token=TOKEN)
-    with server:
+    with explorer(generated[0], api_token=TOKEN) as url:
         yield url
-        _close(server)
 
 
 @pytest.mark.parametrize("token", [None, TOKEN])
@@ -200,10 +192,8 @@ def test_a_host_of_another_name_is_refused(web: WebServer, guarded: str, token: 
 
 
 def test_a_host_that_binds_another_address_takes_any_host(generated: tuple[Path, object]) -> None:
-    server, url = serve_app(generated[0], host="0.0.0.0")  # noqa: S104 - the setting, not a bind
-    with server:
+    with explorer(generated[0], host="0.0.0.0") as url:  # noqa: S104 - the setting, not a bind
         assert _get(url, "/api/overview", headers={"Host": "explorer.lan:8600"}).status_code == 200
-        _close(server)
 
 
 # ---- token ------------------------------------------------------------------------------
@@ -267,10 +257,8 @@ def crashing(generated: tuple[Path, object]) -> Iterator[str]:
 
     for path in ("/api/boom", "/boom"):
         app.add_api_route(path, boom)
-    server = ThreadServer(app)
-    with server:
-        yield server.url
-        _close(server)
+    with serving(app) as url:
+        yield url
 
 
 def test_an_unexpected_error_is_the_explorers_500(crashing: str) -> None:
