@@ -57,6 +57,16 @@ class ServeProcess:
     def web(self) -> str:
         return f"http://127.0.0.1:{self.web_port}"
 
+    def rows(self, sql: str, params: list[object] | None = None) -> list[tuple[object, ...]]:
+        """Gives the rows of `sql` on the stopped server's database (opened read-only)."""
+        from tokentrace.store.connection import open_read_only
+
+        conn = open_read_only(self.db)
+        try:
+            return conn.execute(sql, params or []).fetchall()
+        finally:
+            conn.close()
+
     def stop(self, timeout: float = 30.0) -> str:
         """SIGTERMs the server (it decides and flushes everything) and gives its output."""
         if self.proc.poll() is None:

@@ -17,7 +17,6 @@ from tests.instrumentation._http_app import (
 )
 from tokentrace import instrumentation as tt
 from tokentrace.instrumentation import semconv as sc
-from tokentrace.store.connection import open_read_only
 
 
 @pytest.fixture
@@ -160,15 +159,12 @@ def test_serve_stores_network_and_client_ttft(serve_sdk, app_url) -> None:  # ty
     wait_completed()
     assert tracing.force_flush(10_000)
     serve.stop()
-    conn = open_read_only(serve.db)
-    try:
-        row = conn.execute(
-            "SELECT network_ms, server_ms, e2e_ms, ttft_client_ms, ttft_ms, route, tenant FROM requests"
-        ).fetchone()
-        spans = conn.execute("SELECT name, kind, start_ns, end_ns FROM spans").fetchall()
-    finally:
-        conn.close()
-    assert row is not None
+    rows = serve.rows(
+        "SELECT network_ms, server_ms, e2e_ms, ttft_client_ms, ttft_ms, route, tenant FROM requests"
+    )
+    assert rows
+    row = rows[0]
+    spans = serve.rows("SELECT name, kind, start_ns, end_ns FROM spans")
     network_ms, server_ms, e2e_ms, ttft_client_ms, ttft_ms, route, tenant = row
     by_name = {name: (end - start) / 1e6 for name, _kind, start, end in spans}
     if by_name:  # the trace was kept: check the subtraction against the stored spans

@@ -9,7 +9,6 @@ from tokentrace.analyzer.engine_steps import extract_engine_steps
 from tokentrace.collector.otlp import decode_protobuf
 from tokentrace.instrumentation import _steps
 from tokentrace.instrumentation import semconv as sc
-from tokentrace.store.connection import open_read_only
 
 
 def _run_steps() -> None:
@@ -105,14 +104,10 @@ def test_serve_stores_engine_steps(serve_sdk) -> None:  # type: ignore[no-untype
     _run_steps()
     assert tracing.force_flush(10_000)
     serve.stop()
-    conn = open_read_only(serve.db)
-    try:
-        rows = conn.execute(
-            "SELECT service, prefill_tokens, decode_seqs, batch_size, queue_depth, kv_usage, gpu_us, request_ids "
-            "FROM engine_steps ORDER BY start_ns"
-        ).fetchall()
-    finally:
-        conn.close()
+    rows = serve.rows(
+        "SELECT service, prefill_tokens, decode_seqs, batch_size, queue_depth, kv_usage, gpu_us, request_ids "
+        "FROM engine_steps ORDER BY start_ns"
+    )
     assert rows == [
         ("sdk-e2e", 22, 1, 2, 3, 0.25, None, ["req-a", "req-b"]),
         ("sdk-e2e", 0, 2, 2, 2, None, None, ["req-a", "req-b"]),

@@ -7,7 +7,6 @@ import os
 import pytest
 
 from tokentrace import instrumentation as tt
-from tokentrace.store.connection import open_read_only
 
 
 def _one_request() -> None:
@@ -33,13 +32,7 @@ def test_forked_worker_exports_as_its_own_instance(serve_sdk) -> None:  # type: 
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     serve.stop()
-    conn = open_read_only(serve.db)
-    try:
-        rows = conn.execute(
-            "SELECT instance, cold_start FROM requests ORDER BY start_ns"
-        ).fetchall()
-    finally:
-        conn.close()
+    rows = serve.rows("SELECT instance, cold_start FROM requests ORDER BY start_ns")
     # the parent's request, then the worker's two: as another instance (its own
     # service.instance.id and process.pid), its first a cold start (a new process
     # pays its initialization again)

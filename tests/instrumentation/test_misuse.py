@@ -437,7 +437,6 @@ def test_streaming_handler_misused_reaches_serve(serve_sdk) -> None:  # type: ig
     from fastapi.responses import StreamingResponse
     from tt_testkit import ThreadServer
 
-    from tokentrace.store.connection import open_read_only
 
     serve, tracing = serve_sdk
     tokens = 4
@@ -463,15 +462,10 @@ def test_streaming_handler_misused_reaches_serve(serve_sdk) -> None:  # type: ig
     assert len(lines) == tokens
     assert tracing.force_flush(10_000)
     serve.stop()
-    conn = open_read_only(serve.db)
-    try:
-        row = conn.execute(
-            "SELECT output_tokens, model, tenant, decode_ms FROM requests"
-        ).fetchone()
-        steps = conn.execute("SELECT request_ids, queue_depth FROM engine_steps").fetchall()
-    finally:
-        conn.close()
-    assert row is not None
+    rows = serve.rows("SELECT output_tokens, model, tenant, decode_ms FROM requests")
+    assert rows
+    row = rows[0]
+    steps = serve.rows("SELECT request_ids, queue_depth FROM engine_steps")
     assert row[:3] == (tokens, "tiny", "acme")
     assert row[3] > 0
     assert steps == [(["7"], 0)] * tokens
