@@ -110,9 +110,14 @@ class StepRecorder(QueueFlusher["_StepRecord | EngineStep"]):
     def _emit(self, batch: list[_StepRecord]) -> None:
         starts = [r[0] for r in batch]
         ends = [r[1] for r in batch]
-        if not (_only_ints(starts) and _only_ints(ends)):
+        if not (
+            _only_ints(starts)
+            and _only_ints(ends)
+            and min(starts) >= _MIN_EPOCH_NS
+            and min(ends) >= _MIN_EPOCH_NS
+        ):
             # a step with no usable time cannot be placed: dropped, and counted
-            timed = [r for r in map(_with_int_times, batch) if r is not None]
+            timed = [r for r in map(_with_epoch_times, batch) if r is not None]
             self.dropped += len(batch) - len(timed)
             if not timed:
                 return
@@ -179,6 +184,11 @@ class StepRecorder(QueueFlusher["_StepRecord | EngineStep"]):
 
 _INT_ONLY = frozenset((int,))
 _INF = float("inf")
+#: 2001-09-09 in `time.time_ns()`: a step time under it is no wall-clock nanosecond
+_MIN_EPOCH_NS = 10**18
+#: `time.time()` seconds from 2001 to 2103 (a monotonic clock's nanoseconds are
+#: in this range only in the first four seconds after boot)
+_SECONDS_FROM, _SECONDS_UNTIL = 1e9, 4.2e9
 
 
 def _only_ints(values: list[Any]) -> bool:
@@ -202,17 +212,43 @@ def _ints(values: list[Any], field: str, unknown: int) -> list[Any]:
     return [_to_int(v, field, unknown) for v in values]
 
 
-def _with_int_times(rec: _StepRecord) -> _StepRecord | None:
-    """Gives `rec` with int start and end times, or None (logged once) when it has none."""
+def _epoch_ns(value: Any) -> int | None:
+    """Gives a step time as `time.time_ns()` nanoseconds; None when it cannot be one.
+
+    `time.time()` seconds (from 2001 to 2103) are read as seconds: an easy
+    slip that would otherwise put the step in January 1970.  Anything
+    else under 2001 in nanoseconds (a monotonic clock, milliseconds) has no
+    place on the wall clock the requests are on.
+    """
     try:
-        return (int(rec[0]), int(rec[1]), *rec[2:])  # type: ignore[return-value]
+        number = float(value)
     except (TypeError, ValueError, OverflowError):
+        return None
+    if number >= _MIN_EPOCH_NS and number != _INF:
+        try:
+            return int(value)  # exact for ints and integer strings
+        except (TypeError, ValueError):
+            return int(number)
+    if _SECONDS_FROM <= number < _SECONDS_UNTIL:
         log_once(
-            "engine step: start_ns / end_ns is not a number",
-            detail=f" ({rec[0]!r}, {rec[1]!r}; the step is dropped, counted in "
-            f"{semconv.STEP_DROPPED})",
+            "engine step: start_ns / end_ns given in seconds (time.time()), not time.time_ns()",
+            detail=f" ({value!r}: read as seconds)",
+        )
+        return round(number * 1e9)
+    return None
+
+
+def _with_epoch_times(rec: _StepRecord) -> _StepRecord | None:
+    """Gives `rec` with `time.time_ns()` start and end times, or None (logged once) when it has none."""
+    start, end = _epoch_ns(rec[0]), _epoch_ns(rec[1])
+    if start is None or end is None:
+        log_once(
+            "engine step: start_ns / end_ns is not a time.time_ns() wall-clock time",
+            detail=f" ({rec[0]!r}, {rec[1]!r}: not a number, or a monotonic clock or another unit; "
+            f"the step is dropped, counted in {semconv.STEP_DROPPED})",
         )
         return None
+    return (start, end, *rec[2:])  # type: ignore[return-value]
 
 
 def _kv(value: float | None) -> float:
@@ -227,7 +263,16 @@ def _kv(value: float | None) -> float:
     if usage != usage or usage in (_INF, -_INF):  # NaN / inf: no JSON number, no usage
         log_once("engine step: kv_usage is not finite", detail=f" ({usage}; sent as -1)")
         return -1.0
-    return usage
+    if 0.0 <= usage <= 1.0:
+        return usage
+    if 1.0 < usage <= 100.0:  # a percent where a fraction belongs: it would read as a full cache
+        log_once(
+            "engine step: kv_usage is the used fraction of the KV cache, 0 to 1",
+            detail=f" ({usage}: read as a percent)",
+        )
+        return usage / 100.0
+    log_once("engine step: kv_usage is outside 0 to 1", detail=f" ({usage}; sent as -1)")
+    return -1.0
 
 
 recorder = StepRecorder()
@@ -266,10 +311,13 @@ class EngineStep(DeviceTally):
         self.prefill_seqs = 0
         #: `decode`: the ids of the requests decoding one token in this step, given
         #: at once (a scheduler has that list): no call per request on the hot path
-        try:  # free when nothing is raised (Python 3.11+): no check on the usual path
-            self.request_ids: list[str] = list(decode)
-        except TypeError:
-            self.request_ids = _decode_ids(decode)
+        if decode.__class__ is str:  # one id, not its characters (~30 ns a step)
+            self.request_ids: list[str] = _decode_ids(decode)
+        else:
+            try:  # free when nothing is raised (Python 3.11+): no check on the usual path
+                self.request_ids = list(decode)
+            except TypeError:
+                self.request_ids = _decode_ids(decode)
         #: `tokens`: every request of this batch got one output token when the step ended
         self.tokens = tokens
         # the forward passes run inside this step (`instrument_model` adds to them);
@@ -294,6 +342,9 @@ class EngineStep(DeviceTally):
 
     def decode_many(self, request_ids: Iterable[str]) -> None:
         """Records that this step decoded one token of each of `request_ids` (one call a batch)."""
+        if request_ids.__class__ is str:  # one id, not its characters
+            self.request_ids.extend(_decode_ids(request_ids))
+            return
         try:
             self.request_ids.extend(request_ids)
         except TypeError:  # None, or one id: off the usual path

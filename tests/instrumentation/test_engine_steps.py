@@ -10,6 +10,9 @@ from tokentrace.collector.otlp import decode_protobuf
 from tokentrace.instrumentation import _steps
 from tokentrace.instrumentation import semconv as sc
 
+#: a wall-clock time in `time.time_ns()` nanoseconds, as step times are
+T0 = 1_700_000_000_000_000_000
+
 
 def _run_steps() -> None:
     with tt.engine_step(queue_depth=3, kv_usage=0.25) as step:
@@ -91,7 +94,7 @@ def test_bounded_buffer_drops_oldest_and_says_so(memory_sdk, monkeypatch) -> Non
     recorder = _steps.StepRecorder(flush_interval_s=60, max_pending=4)
     monkeypatch.setattr(_steps, "recorder", recorder)
     for i in range(10):
-        tt.record_step(start_ns=i * 1000, end_ns=i * 1000 + 500, prefill_tokens=i, decode_seqs=0,
+        tt.record_step(start_ns=T0 + i * 1000, end_ns=T0 + i * 1000 + 500, prefill_tokens=i, decode_seqs=0,
                        batch_size=1, queue_depth=0)  # fmt: skip
     assert recorder.flush() == 4
     span = memory_sdk.spans(sc.SPAN_ENGINE_STEPS)[0]

@@ -157,6 +157,53 @@ def test_record_step_values_are_checked_off_the_callers_thread(memory_sdk) -> No
     assert steps[0]["dropped"] == 1
 
 
+def test_one_decode_id_given_as_a_string_is_one_id(memory_sdk, caplog) -> None:  # type: ignore[no-untyped-def]
+    with tt.engine_step(decode="req-1"):
+        pass
+    with tt.engine_step(decode=["a"]) as step:
+        step.decode_many("req-2")
+    steps = _steps_of(memory_sdk)
+    assert [s[sc.STEP_REQUEST_IDS] for s in steps] == ["req-1", "a,req-2"]
+    assert [s[sc.STEP_DECODE_SEQS] for s in steps] == [1, 2]
+    assert any("not str (taken as one id)" in m for m in _warnings(caplog))
+
+
+def test_kv_usage_as_a_percent_is_read_as_one(memory_sdk, caplog) -> None:  # type: ignore[no-untyped-def]
+    for usage in (0.0, 0.5, 1.0, 87.5, 100.0, 250.0, -0.2):
+        with tt.engine_step(kv_usage=usage):
+            pass
+    # a percent handed over as such would read as a cache always full
+    assert [s[sc.STEP_KV_USAGE] for s in _steps_of(memory_sdk)] == [
+        0.0, 0.5, 1.0, 0.875, 1.0, -1.0, -1.0
+    ]  # fmt: skip
+    logged = _warnings(caplog)
+    assert any("kv_usage is the used fraction of the KV cache, 0 to 1 (87.5: read as a percent)" in m for m in logged)
+    assert any("kv_usage is outside 0 to 1 (250.0; sent as -1)" in m for m in logged)
+
+
+def test_record_step_times_not_in_wall_clock_nanoseconds(memory_sdk, caplog) -> None:  # type: ignore[no-untyped-def]
+    def step(start: object, end: object, prefill: int) -> None:
+        tt.record_step(start_ns=start, end_ns=end, prefill_tokens=prefill, decode_seqs=0,  # type: ignore[arg-type]
+                       batch_size=1, queue_depth=0)  # fmt: skip
+
+    step(1_700_000_000_000_000_000, 1_700_000_000_002_000_000, 1)  # time.time_ns(): as is
+    step(1_700_000_000.5, 1_700_000_000.502, 2)  # time.time(): read as seconds
+    step(5_000_000_000, 5_002_000_000, 3)  # time.monotonic_ns(): no place beside the requests
+    step(86_400_000_000_000, 86_400_002_000_000, 4)  # the same, a day after boot
+    step(float("inf"), 1_700_000_000_002_000_000, 5)
+    steps = _steps_of(memory_sdk)
+    assert [s[sc.STEP_PREFILL_TOKENS] for s in steps] == [1, 2]
+    span = memory_sdk.spans(sc.SPAN_ENGINE_STEPS)[0]
+    starts = sc.unpack_list(span.attributes[sc.STEP_START_NS])
+    assert starts == [1_700_000_000_000_000_000, 1_700_000_000_500_000_000]
+    assert [s[sc.STEP_DURATION_US] for s in steps] == [2000, 2000]
+    assert steps[0]["dropped"] == 3
+    logged = _warnings(caplog)
+    assert any("given in seconds (time.time()), not time.time_ns() (1700000000.5: read as seconds)" in m
+               for m in logged)  # fmt: skip
+    assert any("is not a time.time_ns() wall-clock time (5000000000, 5002000000" in m for m in logged)
+
+
 # ---- requests -----------------------------------------------------------------
 
 
