@@ -19,10 +19,13 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tokentrace._loopback import foreign_host, is_loopback, refusal_message
 from tokentrace.analyzer.spans import Span
 from tokentrace.collector.decode_pool import DecodePool
 from tokentrace.collector.otlp import (
@@ -46,7 +49,7 @@ RETRY_AFTER_S = 1
 
 
 #: google.rpc.Code carried in protobuf error bodies, by HTTP status.
-_GRPC_CODE = {400: 3, 413: 8, 415: 3, 429: 8, 503: 14}
+_GRPC_CODE = {400: 3, 403: 7, 413: 8, 415: 3, 429: 8, 503: 14}
 
 
 class BodyError(Exception):
@@ -167,7 +170,9 @@ def make_traces_endpoint(
 ) -> Callable[[Request], Awaitable[Response]]:
     m = metrics if metrics is not None else pipeline.metrics
 
-    async def decode(request: Request, ctype: str) -> tuple[list[Span] | list[PackedTrace], Rejected]:
+    async def decode(
+        request: Request, ctype: str
+    ) -> tuple[list[Span] | list[PackedTrace], Rejected]:
         if decoder is not None and ctype == PROTOBUF:
             return await decoder.decode(await read_body(request, max_body_bytes))
         return await _decode(
@@ -243,21 +248,51 @@ def make_prometheus_endpoint(metrics: CollectorMetrics) -> Callable[[Request], A
     return prometheus
 
 
+class LoopbackHostOnly:
+    """Refuses (403, in the request's content type) a request whose `Host` names another
+    machine: a web page that re-points its own name at 127.0.0.1 (DNS rebinding)
+    could otherwise post made-up traces into the store (`tokentrace._loopback`).
+
+    Plain ASGI, not a Starlette `BaseHTTPMiddleware`: every export passes
+    through it, and it reads one header."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            host = headers.get(b"host")
+            header = None if host is None else host.decode("latin-1")
+            if foreign_host(header):
+                ctype = headers.get(b"content-type", b"").decode("latin-1").split(";")[0]
+                message = refusal_message(header or "", "the OTLP/HTTP receiver")
+                await _error(403, message, ctype.strip().lower())(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_http_app(
     pipeline: Pipeline,
     max_body_bytes: int,
     metrics: CollectorMetrics | None = None,
     decoder: DecodePool | None = None,
+    bind_host: str = "127.0.0.1",
 ) -> Starlette:
     """Gives the OTLP/HTTP ASGI app: /v1/traces, /v1/metrics and Prometheus /metrics.
 
-    With a `decoder`, big protobuf trace exports are decoded in its worker processes."""
+    With a `decoder`, big protobuf trace exports are decoded in its worker
+    processes.  Bound to a loopback `bind_host`, it answers only requests
+    whose `Host` names this machine (`LoopbackHostOnly`)."""
     m = metrics if metrics is not None else pipeline.metrics
     traces = make_traces_endpoint(pipeline, max_body_bytes, m, decoder)
     return Starlette(
         routes=[
             Route("/v1/traces", traces, methods=["POST"]),
-            Route("/v1/metrics", make_metrics_endpoint(pipeline, max_body_bytes, m), methods=["POST"]),
+            Route(
+                "/v1/metrics", make_metrics_endpoint(pipeline, max_body_bytes, m), methods=["POST"]
+            ),
             Route("/metrics", make_prometheus_endpoint(m), methods=["GET"]),
-        ]
+        ],
+        middleware=[Middleware(LoopbackHostOnly)] if is_loopback(bind_host) else [],
     )

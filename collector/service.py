@@ -274,7 +274,7 @@ class CollectorServer:
                 c.pipeline, s.host, s.grpc_port, s.max_body_bytes, c.metrics
             )
             apps: list[tuple[Any, int]] = [
-                (create_http_app(c.pipeline, s.max_body_bytes, c.metrics, self.decoder), s.http_port)
+                (create_http_app(c.pipeline, s.max_body_bytes, c.metrics, self.decoder, s.host), s.http_port)
             ]
             try:
                 from tokentrace.web.app import create_web_app

@@ -115,7 +115,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def exposure_warning(host: str, api_token: str | None) -> str | None:
     """Says so when `serve` would show every trace to the network without a token."""
-    from tokentrace.web._guard import is_loopback
+    from tokentrace._loopback import is_loopback
 
     if api_token or is_loopback(host):
         return None

@@ -3,9 +3,7 @@
 The explorer serves traces (prompts, tenants) to whoever can reach its port, so:
 
 - bound to a loopback address, it answers only requests whose `Host` names this
-  machine (`localhost`, `127.0.0.1`, `[::1]`, any port): a page on another site
-  whose name an attacker re-points at 127.0.0.1 (DNS rebinding) is refused,
-  as Jupyter does;
+  machine (`tokentrace._loopback`: DNS rebinding is refused);
 - with a token, every route (pages, API, exports, static files) needs it, compared
   in constant time and never echoed;
 - every response, refusals and errors included, carries the security headers.
@@ -14,12 +12,13 @@ The explorer serves traces (prompts, tenants) to whoever can reach its port, so:
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from collections.abc import Awaitable, Callable
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
+
+from tokentrace._loopback import foreign_host, is_loopback, refusal_message
 
 TOKEN_COOKIE = "tokentrace_token"
 
@@ -34,6 +33,8 @@ def token_cookie(port: int | None) -> str:
 def _server_port(request: Request) -> int | None:
     server = request.scope.get("server")
     return server[1] if server and server[1] else None
+
+
 #: Scripts only from our own /static: even a value that escaped escaping could not run.
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
@@ -47,8 +48,6 @@ SECURITY_HEADERS = {
     # other sites may not embed the API's JSON or the exports (<script src>, <img>)
     "Cross-Origin-Resource-Policy": "same-origin",
 }
-#: Host names that always mean this machine.
-_LOCAL_NAMES = ("localhost",)
 
 
 def secure(response: Response) -> Response:
@@ -58,43 +57,12 @@ def secure(response: Response) -> Response:
     return response
 
 
-def is_loopback(host: str) -> bool:
-    """Whether `host` (a name or an address, IPv6 with or without brackets) is this machine only."""
-    name = host.strip().strip("[]").rstrip(".").lower()
-    if name in _LOCAL_NAMES or name.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
-def _host_name(header: str) -> str | None:
-    """Gives the host name of a `Host` header (`[::1]:8600` → `::1`), None when malformed."""
-    try:
-        parts = urlsplit("//" + header)
-        _ = parts.port  # raises ValueError on a port that is no number
-    except ValueError:
-        return None
-    return parts.hostname
-
-
 def host_refusal(request: Request) -> Response | None:
     """Gives a 403 when the request's `Host` header names another machine, else None."""
     header = request.headers.get("host")
-    if header is None:  # HTTP/1.0 without Host: no browser, so no rebinding
+    if not foreign_host(header):
         return None
-    name = _host_name(header)
-    if name is not None and is_loopback(name):
-        return None
-    return JSONResponse(
-        {
-            "error": f"Host {header[:100]!r} is not this machine: the explorer listens on a loopback "
-            "address and answers only http://127.0.0.1:…, http://localhost:… or http://[::1]:… "
-            "(this guards against DNS rebinding; bind another address with --host to serve others)"
-        },
-        status_code=403,
-    )
+    return JSONResponse({"error": refusal_message(header or "", "the explorer")}, status_code=403)
 
 
 def token_check(token: str, request: Request) -> Response | None:
@@ -117,7 +85,9 @@ def token_check(token: str, request: Request) -> Response | None:
     if any(hmac.compare_digest(v.encode(), expected) for v in (bearer, cookie) if v):
         return None
     return JSONResponse(
-        {"error": "a bearer token is required (Authorization: Bearer …, or open a page once with ?token=…)"},
+        {
+            "error": "a bearer token is required (Authorization: Bearer …, or open a page once with ?token=…)"
+        },
         status_code=401,
         headers={"WWW-Authenticate": "Bearer"},
     )
@@ -130,7 +100,9 @@ def make_guard(bind_host: str, token: str | None) -> Guard:
     """Gives the middleware that checks Host (when bound to loopback) and the token, then adds headers."""
     check_host = is_loopback(bind_host)
 
-    async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    async def guard(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
         refusal = host_refusal(request) if check_host else None
         if refusal is None and token is not None:
             refusal = token_check(token, request)

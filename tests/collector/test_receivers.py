@@ -198,3 +198,47 @@ def test_gpu_metrics_become_one_row_per_gpu_and_timestamp(live) -> None:  # type
         ("worker", "w-1", 0, 1000, 87.5, 2**33, None),
         ("worker", "w-1", 1, 1000, 88.5, 2**33 + 1, None),
     ]
+
+
+# ---- Host (DNS rebinding) ---------------------------------------------------------------
+
+FOREIGN_HOSTS = ("rebind.example:4318", "rebind.example", "127.0.0.1.rebind.example", "127.0.0.1:1@x", "[::1")
+
+
+def test_a_host_of_another_name_may_not_post_traces(live) -> None:  # type: ignore[no-untyped-def]
+    """A page whose name is re-pointed at 127.0.0.1 could post made-up traces: refused, stored nothing."""
+    body = to_protobuf(request_trace()).SerializeToString()
+    for host in FOREIGN_HOSTS:
+        r = httpx.post(f"{live.http}/v1/traces", content=body, headers={**PB, "Host": host})
+        assert r.status_code == 403, (host, r.status_code)
+        status = Status.FromString(r.content)  # OTLP: errors carry a google.rpc.Status
+        assert status.code == 7 and "DNS rebinding" in status.message, host
+        r = httpx.post(f"{live.http}/v1/traces", json=to_json(request_trace()), headers={"Host": host})
+        assert r.status_code == 403 and "DNS rebinding" in r.json()["message"]
+    assert httpx.get(f"{live.http}/metrics", headers={"Host": "rebind.example"}).status_code == 403
+    assert live.rows("SELECT count(*) FROM requests") == [(0,)]
+    port = live.http_port
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"):
+        body = to_protobuf(request_trace()).SerializeToString()
+        r = httpx.post(f"{live.http}/v1/traces", content=body, headers={**PB, "Host": host})
+        assert r.status_code == 200, (host, r.text)
+    assert live.rows("SELECT count(*) FROM requests") == [(3,)]
+
+
+def test_bound_to_another_address_the_receiver_takes_any_host(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from collector_testkit import start_live
+    from tt_testkit import ThreadServer
+
+    from tokentrace.collector.http_receiver import create_http_app
+
+    live, stop = start_live(tmp_path)
+    try:
+        c = live.collector
+        app = create_http_app(c.pipeline, c.settings.max_body_bytes, c.metrics, bind_host="0.0.0.0")  # noqa: S104
+        with ThreadServer(app) as server:
+            body = to_protobuf(request_trace()).SerializeToString()
+            r = httpx.post(f"{server.url}/v1/traces", content=body, headers={**PB, "Host": "collector.lan:4318"})
+            assert r.status_code == 200
+        assert live.rows("SELECT count(*) FROM requests") == [(1,)]
+    finally:
+        stop()
