@@ -1,12 +1,20 @@
 """Adapter for SGLang's request traces (0.5; DESIGN.md §3).
 
 The root span is `" Req <rid8>"` (leading space), or `prefill Req …` /
-`decode Req …` when prefill and decode are disaggregated.  Under it, one span
-per thread (`Tokenizer (…)`, `Scheduler [TP 0] (…)`) holds the slices
+`decode Req …` when prefill and decode are disaggregated; older releases name
+it `Req <rid8>` (python/sglang/srt/tracing/trace.py `trace_req_start`).  The
+root carries the whole rid in its `rid` attribute and, when disaggregated, the
+`bootstrap_room` that ties the prefill and decode roots of one request
+together (their rids differ when the client sent none).  Under the root, one
+span per thread (`Tokenizer (…)`, `Scheduler [TP 0] (…)`) holds the slices
 `tokenize`, `prefill_waiting`, `prefill_forward`, `decode_waiting`,
-`decode_forward`.  SGLang's `time_in_model_prefill` attribute includes the
-queue wait, so the queue comes from the `prefill_waiting` slice, and from
-`time_in_queue` only when the slices are missing.
+`decode_forward` (`decode_loop` steps inside it; older releases have no
+`decode_forward` and put the `decode_loop` steps directly under the thread).
+SGLang's `time_in_model_prefill` attribute includes the queue wait, so the
+queue comes from the `prefill_waiting` slice, and from `time_in_queue` only
+when the slices are missing.  The mini load balancer's `router Req …` root
+(and the `Bootstrap Room 0x…` span some releases put above the roots) is no
+request of its own: it is not summarized.
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ SLICE_PREFILL_WAIT = "prefill_waiting"
 SLICE_PREFILL = "prefill_forward"
 SLICE_DECODE_WAIT = "decode_waiting"
 SLICE_DECODE = "decode_forward"
+SLICE_DECODE_LOOP = "decode_loop"
+#: The slices that mean the phases were traced (not only the attributes).
+PHASE_SLICES = frozenset({SLICE_PREFILL, SLICE_DECODE, SLICE_DECODE_LOOP})
 TTFT = "gen_ai.latency.time_to_first_token"
 E2E = "gen_ai.latency.e2e"
 QUEUE = "gen_ai.latency.time_in_queue"
@@ -37,6 +48,10 @@ DECODE = "gen_ai.latency.time_in_model_decode"
 PROMPT_TOKENS = ("gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens")
 COMPLETION_TOKENS = ("gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens")
 REQUEST_ID = "gen_ai.request.id"
+#: Root attributes set by `trace_req_start` (python/sglang/srt/observability/trace.py).
+RID = "rid"
+BOOTSTRAP_ROOM = "bootstrap_room"
+ROOM_SPAN = "Bootstrap Room"
 
 
 def summarize(trace: TraceView) -> list[s.RequestSummary]:
@@ -48,12 +63,49 @@ def summarize(trace: TraceView) -> list[s.RequestSummary]:
     if not roots:
         return []
     # disaggregated prefill/decode roots of one request arrive in one trace: one summary
-    by_rid: dict[str, list[Span]] = {}
+    by_key: dict[str, list[Span]] = {}
     for r in roots:
-        m = ROOT_NAME.match(r.name)
-        rid = m.group(1) if m is not None else None
-        by_rid.setdefault(rid or r.span_id, []).append(r)
-    return [_summarize(trace, rid, group) for rid, group in by_rid.items()]
+        by_key.setdefault(_group_key(trace, r), []).append(r)
+    return [_summarize(trace, group) for group in by_key.values()]
+
+
+def _rid8(root: Span) -> str:
+    m = ROOT_NAME.match(root.name)
+    return (m.group(1) if m is not None else None) or ""
+
+
+def _group_key(trace: TraceView, root: Span) -> str:
+    """Gives what ties the roots of one request: the bootstrap room when there is
+    one (prefill and decode servers each make their own rid when the client sent
+    none), else the rid8 of the name, else the span itself.
+
+    The room is on the root (`"0x…"`, python/sglang/srt/observability/trace.py
+    `trace_req_start`), or, in releases that put a `Bootstrap Room 0x…` span
+    above the roots, only on that parent.
+    """
+    room = _room(root.attributes.get(BOOTSTRAP_ROOM))
+    parent = trace.by_id.get(root.parent_span_id)
+    if room is None and parent is not None and parent.name.startswith(ROOM_SPAN):
+        room = _room(parent.attributes.get(BOOTSTRAP_ROOM))
+    if room is not None:
+        return f"room:{room}"
+    return f"rid:{_rid8(root)}" if _rid8(root) else f"span:{root.span_id}"
+
+
+def _room(value: object) -> int | None:
+    """Gives a bootstrap room: an int, or text as SGLang writes it (`"0x1f"` now,
+    the decimal int or `"None"` in older releases); 0 and `"None"` are no room."""
+    if value.__class__ is int:
+        room = value
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        try:
+            room = int(text, 16 if text.startswith("0x") else 10)
+        except ValueError:
+            return None
+    else:
+        return None
+    return room or None
 
 
 def _slice_ns(spans: list[Span], name: str) -> int:
@@ -69,7 +121,7 @@ def _attr(roots: list[Span], key: str | tuple[str, ...]) -> object:
     return None
 
 
-def _summarize(trace: TraceView, rid: str, roots: list[Span]) -> s.RequestSummary:
+def _summarize(trace: TraceView, roots: list[Span]) -> s.RequestSummary:
     roots.sort(key=lambda x: x.start_ns)
     slices = [d for r in roots for d in trace.descendants(r)]
     rd = ValueReader()
@@ -83,9 +135,10 @@ def _summarize(trace: TraceView, rid: str, roots: list[Span]) -> s.RequestSummar
     if e2e_ns is not None and len(roots) == 1 and not agree(e2e_ns, server_ns):
         flags.append(s.FLAG_SOURCES_DISAGREE)
     names = {x.name for x in slices}
-    if SLICE_PREFILL in names or SLICE_DECODE in names:
+    if names & PHASE_SLICES:
         prefill_ns = _slice_ns(slices, SLICE_PREFILL)
-        decode_ns = _slice_ns(slices, SLICE_DECODE)
+        # decode_loop steps lie inside decode_forward where there is one: never both
+        decode_ns = _slice_ns(slices, SLICE_DECODE if SLICE_DECODE in names else SLICE_DECODE_LOOP)
         queue_wait_ns = _slice_ns(slices, SLICE_PREFILL_WAIT) + _slice_ns(slices, SLICE_DECODE_WAIT)
         attr_queue = rd.seconds_ns(_attr(roots, QUEUE))
         if attr_queue is not None and SLICE_PREFILL_WAIT in names and not agree(
@@ -117,7 +170,7 @@ def _summarize(trace: TraceView, rid: str, roots: list[Span]) -> s.RequestSummar
         roots[0],
         part,
         source=NAME,
-        request_id=str(_attr(roots, REQUEST_ID) or rid),
+        request_id=str(_attr(roots, REQUEST_ID) or _attr(roots, RID) or _rid8(roots[0]) or roots[0].span_id),
         related=roots[1:],
         client=client,
         ttft_ms=None if ttft_ns is None else ttft_ns / NS_PER_MS,

@@ -72,13 +72,12 @@ def _summarize(trace: TraceView, handler: Span) -> s.RequestSummary:
         decode_ns = ends[-1] - ends[0]
         ttft_ns = ends[0] - handler.start_ns
         offsets_ms = [(e - handler.start_ns) / NS_PER_MS for e in ends]
-        output_tokens: int | None = len(infers)
+        # one infer span per forward step; with speculative decoding (--speculate)
+        # a step yields several tokens, so the timing fields count them when present
+        output_tokens: int | None = _generated_tokens(inference_ns, per_token_ns) or len(infers)
     else:
         flags.append(s.FLAG_NO_TOKEN_TIMES)
-        output_tokens = None
-        if inference_ns is not None and per_token_ns:
-            # TGI's time_per_token = inference_time / generated tokens
-            output_tokens = max(1, round(inference_ns / per_token_ns))
+        output_tokens = _generated_tokens(inference_ns, per_token_ns)
         prefill_ns = per_token_ns or 0
         decode_ns = max(0, (inference_ns or 0) - prefill_ns)
     queue_attr_ns = rd.rust_duration_ns(a.get(QUEUE))
@@ -111,3 +110,12 @@ def _summarize(trace: TraceView, handler: Span) -> s.RequestSummary:
         flags=flags,
         reader=rd,
     )
+
+
+def _generated_tokens(inference_ns: int | None, per_token_ns: int | None) -> int | None:
+    """Gives the generated tokens TGI counted: its time_per_token is inference_time
+    divided by them (router/src/server.rs `generate_internal` /
+    `generate_stream_internal`: `inference_time / generated_tokens`)."""
+    if inference_ns is None or not per_token_ns:
+        return None
+    return max(1, round(inference_ns / per_token_ns))

@@ -1,10 +1,17 @@
-"""Adapter for vLLM's `llm_request` span (V1 engine, 0.11+; DESIGN.md §3).
+"""Adapter for vLLM's `llm_request` span (V1 engine, 0.11+; V0 engine; DESIGN.md §3).
 
 vLLM gives float-second attributes measured on the engine's clock:
 prefill = time_in_model_prefill, decode = time_in_model_decode, queue_wait =
 time_in_queue, and e2e.  The queue bucket is e2e − prefill − decode.  The span
 itself starts at the engine's arrival time, so its duration and the e2e
 attribute measure the same thing; when they disagree the request is flagged.
+
+The V0 engine (vllm/engine/llm_engine.py `create_trace_span`, before the V1
+engine replaced it) names the span the same but sets no
+prefill/decode attributes: only time_in_queue, time_to_first_token, e2e (and
+time_in_scheduler / time_in_model_forward / time_in_model_execute).  There
+prefill = TTFT − time_in_queue and decode = e2e − TTFT, all measured from the
+same arrival time.
 """
 
 from __future__ import annotations
@@ -45,21 +52,26 @@ def _summarize(trace: TraceView, span: Span) -> s.RequestSummary:
     e2e_ns = rd.seconds_ns(a.get(E2E))
     if e2e_ns is not None and span.duration_ns and not agree(e2e_ns, span.duration_ns):
         flags.append(s.FLAG_SOURCES_DISAGREE)
-    prefill_ns = rd.seconds_ns(a.get(PREFILL)) or 0
-    decode_ns = rd.seconds_ns(a.get(DECODE)) or 0
+    server_ns = e2e_ns or span.duration_ns
+    queue_wait_ns = rd.seconds_ns(a.get(QUEUE)) or 0
+    ttft_ns = rd.seconds_ns(a.get(TTFT))
+    prefill_attr, decode_attr = rd.seconds_ns(a.get(PREFILL)), rd.seconds_ns(a.get(DECODE))
+    if prefill_attr is None and decode_attr is None and ttft_ns is not None:
+        prefill_ns, decode_ns = _v0_phases(ttft_ns, queue_wait_ns, server_ns)
+    else:
+        prefill_ns, decode_ns = prefill_attr or 0, decode_attr or 0
     inference_ns = rd.seconds_ns(a.get(INFERENCE))
     if inference_ns is not None and not agree(inference_ns, prefill_ns + decode_ns):
         flags.append(s.FLAG_SOURCES_DISAGREE)
     client = trace.client_span_of(span)
     part = partition(
         # the attributes share one clock; the e2e attribute is their whole
-        server_ns=e2e_ns or span.duration_ns,
+        server_ns=server_ns,
         client_ns=client.duration_ns if client is not None else None,
         prefill_ns=prefill_ns,
         decode_ns=decode_ns,
-        queue_wait_ns=rd.seconds_ns(a.get(QUEUE)) or 0,
+        queue_wait_ns=queue_wait_ns,
     )
-    ttft_ns = rd.seconds_ns(a.get(TTFT))
     return build_summary(
         trace,
         span,
@@ -73,3 +85,13 @@ def _summarize(trace: TraceView, span: Span) -> s.RequestSummary:
         flags=[*flags, s.FLAG_NO_TOKEN_TIMES],
         reader=rd,
     )
+
+
+def _v0_phases(ttft_ns: int, queue_wait_ns: int, server_ns: int) -> tuple[int, int]:
+    """Gives (prefill, decode) of a V0-engine span, which has no prefill/decode attributes.
+
+    V0's time_in_queue is first_scheduled − arrival and its TTFT first_token −
+    arrival (vllm/engine/llm_engine.py `create_trace_span`; V0 engine): what
+    lies between is the prefill; what follows the first token is the decode.
+    """
+    return max(0, ttft_ns - queue_wait_ns), max(0, server_ns - ttft_ns)
