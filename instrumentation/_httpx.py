@@ -1,11 +1,17 @@
 """httpx integration: a client span + `traceparent` per request, chunk times when streamed.
 
-httpx is imported only when `instrument_httpx()` is called.
+httpx is imported only when `instrument_httpx()` is called.  `httpx2` (the
+next major httpx, under its own import name; what `openai` 3 builds its clients
+on) has the same API and is traced the same way: a client of either is
+instrumented, and `instrument_httpx()` covers the classes of both where installed.
 """
 
 from __future__ import annotations
 
 import contextvars
+import importlib
+import importlib.util
+import inspect
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -20,15 +26,19 @@ _in_client_span: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "tokentrace_httpx", default=False
 )
 _classes_instrumented = False
-_stream_types: dict[str, type] = {}
+#: the packages with httpx's API: httpx, and httpx2 under its own name
+HTTPX_MODULES = ("httpx", "httpx2")
+#: chunk-recording stream classes per (package, "sync" | "async")
+_stream_types: dict[tuple[str, str], type] = {}
 #: Request bodies up to this size are read for a JSON `model` field (OpenAI-style APIs).
 MODEL_SNIFF_MAX_BYTES = 256 * 1024
 
 
-def _streams() -> tuple[type, type]:
-    """Gives the chunk-recording stream classes (built on first use: they subclass httpx's)."""
-    if not _stream_types:
-        import httpx
+def _streams(package: str) -> tuple[type, type]:
+    """Gives the chunk-recording stream classes of `package` (httpx or httpx2; built on
+    first use: they subclass its byte streams)."""
+    if (package, "sync") not in _stream_types:
+        httpx: Any = importlib.import_module(package)
 
         class SyncChunkStream(httpx.SyncByteStream):
             def __init__(self, inner: Any, client: ClientRequest) -> None:
@@ -72,9 +82,9 @@ def _streams() -> tuple[type, type]:
                 finally:
                     self._client.finish()
 
-        _stream_types["sync"] = SyncChunkStream
-        _stream_types["async"] = AsyncChunkStream
-    return _stream_types["sync"], _stream_types["async"]
+        _stream_types[package, "sync"] = SyncChunkStream
+        _stream_types[package, "async"] = AsyncChunkStream
+    return _stream_types[package, "sync"], _stream_types[package, "async"]
 
 
 def _start_span(request: Any) -> ClientRequest | None:
@@ -120,7 +130,7 @@ def _after_response(cr: ClientRequest, response: Any, streaming: bool, async_: b
         if response.status_code >= 500:
             cr.record_error(RuntimeError(f"HTTP {response.status_code}"))
         if streaming:
-            sync_cls, async_cls = _streams()
+            sync_cls, async_cls = _streams(_package_of(response))
             response.stream = (async_cls if async_ else sync_cls)(response.stream, cr)
             return
     except Exception as exc:
@@ -162,20 +172,41 @@ async def _async_send(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> An
     return response
 
 
+def _package_of(response: Any) -> str:
+    """Gives the httpx-API package `response` comes from: an httpx2 response takes
+    httpx2's stream types."""
+    for cls in type(response).__mro__:
+        package = cls.__module__.partition(".")[0]
+        if package in HTTPX_MODULES:
+            return package
+    return "httpx"
+
+
+def _installed_modules() -> list[Any]:
+    """Gives the httpx-API packages installed (importing only those that are)."""
+    return [
+        importlib.import_module(name)
+        for name in HTTPX_MODULES
+        if importlib.util.find_spec(name) is not None
+    ]
+
+
 def instrument_httpx(client: Any = None) -> Any:
-    """Traces every request of `client` (an httpx.Client / AsyncClient), or of all clients when None."""
+    """Traces every request of `client` (an httpx / httpx2 Client or AsyncClient), or of
+    all clients of both packages when None."""
     global _classes_instrumented
-    import httpx
 
     if client is None:
         if not _classes_instrumented:
-            wrapt.wrap_function_wrapper(httpx.Client, "send", _sync_send)
-            wrapt.wrap_function_wrapper(httpx.AsyncClient, "send", _async_send)
+            for httpx in _installed_modules():
+                wrapt.wrap_function_wrapper(httpx.Client, "send", _sync_send)
+                wrapt.wrap_function_wrapper(httpx.AsyncClient, "send", _async_send)
             _classes_instrumented = True
         return None
     if isinstance(client.__dict__.get("send"), wrapt.FunctionWrapper):
         return client  # already instrumented
-    wrapper = _async_send if isinstance(client, httpx.AsyncClient) else _sync_send
+    # by what `send` is, not by class: httpx2's AsyncClient is no httpx.AsyncClient
+    wrapper = _async_send if inspect.iscoroutinefunction(client.send) else _sync_send
     client.send = wrapt.FunctionWrapper(client.send, wrapper)
     return client
 
@@ -183,14 +214,14 @@ def instrument_httpx(client: Any = None) -> Any:
 def uninstrument_httpx(client: Any = None) -> Any:
     """Undoes `instrument_httpx` for `client`, or for the classes when None."""
     global _classes_instrumented
-    import httpx
 
     if client is None:
         if _classes_instrumented:
-            for cls in (httpx.Client, httpx.AsyncClient):
-                current = cls.__dict__.get("send")
-                if isinstance(current, wrapt.FunctionWrapper):
-                    setattr(cls, "send", current.__wrapped__)  # noqa: B010 - restoring the method
+            for httpx in _installed_modules():
+                for cls in (httpx.Client, httpx.AsyncClient):
+                    current = cls.__dict__.get("send")
+                    if isinstance(current, wrapt.FunctionWrapper):
+                        setattr(cls, "send", current.__wrapped__)  # noqa: B010 - restoring the method
             _classes_instrumented = False
         return None
     if isinstance(client.__dict__.get("send"), wrapt.FunctionWrapper):

@@ -91,5 +91,5 @@ def uninstrument_transformers_generate() -> None:
 
     current = GenerationMixin.__dict__.get("generate")
     if isinstance(current, wrapt.FunctionWrapper):
-        GenerationMixin.generate = current.__wrapped__
+        setattr(GenerationMixin, "generate", current.__wrapped__)  # noqa: B010 - restoring the method
     _instrumented = False
