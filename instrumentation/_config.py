@@ -95,7 +95,7 @@ class Settings:
         if not ep.startswith(("http://", "https://")):
             raise ValueError(f"endpoint must be an http:// or https:// URL, not {ep!r}")
         return cls(
-            endpoint=ep.rstrip("/"),
+            endpoint=_base_endpoint(ep, proto),
             service_name=service_name
             or env.get(ENV_SERVICE_NAME)
             or env.get(ENV_OTEL_SERVICE_NAME)
@@ -108,6 +108,32 @@ class Settings:
             cold_start_requests=cold_n,
             cold_start_idle_s=cold_idle,
         )
+
+
+#: OTLP/HTTP's signal paths, which tokentrace adds to the endpoint itself
+SIGNAL_PATHS = ("/v1/traces", "/v1/metrics")
+
+
+def _base_endpoint(endpoint: str, protocol: str) -> str:
+    """Gives the collector's base URL: `endpoint` without a trailing `/` or signal path.
+
+    An OTLP/HTTP endpoint is the base (`OTEL_EXPORTER_OTLP_ENDPOINT`'s meaning);
+    the per-signal form `http://host:4318/v1/traces` is what people copy from
+    their OpenTelemetry settings, and would otherwise become `…/v1/traces/v1/traces`:
+    a 404 on every export, every span lost.
+    """
+    base = endpoint.rstrip("/")
+    if protocol != "grpc":
+        for path in SIGNAL_PATHS:
+            if base.endswith(path):
+                base = base[: -len(path)]
+                log_once(
+                    "the OTLP endpoint ends in a signal path",
+                    detail=f" ({endpoint!r}): tokentrace adds /v1/traces and /v1/metrics itself; "
+                    f"read as {base!r}",
+                )
+                break
+    return base
 
 
 def _make_exporter(settings: Settings) -> SpanExporter:

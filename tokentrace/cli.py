@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tokentrace import __version__
-from tokentrace.store.connection import DB_ENV, DEFAULT_DB
+from tokentrace.store.location import DB_ENV, DEFAULT_DB
 
 EXIT_USAGE = 2
 EXIT_ERROR = 1
@@ -272,6 +272,21 @@ COMMANDS = {
 }
 
 
+#: Top-level imports the `server` extra installs (the commands' dependencies, not the SDK's).
+SERVER_MODULES = frozenset(
+    ("duckdb", "numpy", "polars", "pyarrow", "fastapi", "starlette", "uvicorn", "grpc", "jinja2",
+     "ddsketch", "prometheus_client", "google", "httpx")
+)  # fmt: skip
+
+
+def _extra_providing(module: str | None) -> str | None:
+    """Gives the extra that installs `module` (a ModuleNotFoundError's name), None for others."""
+    root = (module or "").partition(".")[0]
+    if root in ("torch", "tokenizers"):
+        return "demo"
+    return "server" if root in SERVER_MODULES else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -286,6 +301,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as exc:
+        extra = _extra_providing(exc.name)
+        if extra is None:
+            raise
+        if args.command == "demo":
+            extra = "demo"  # it needs the server extra and torch: one install gives both
+        print(
+            f"tokentrace {args.command}: needs {exc.name}, which `pip install tokentrace` (the SDK "
+            f"alone) leaves out: pip install 'tokentrace[{extra}]'",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"tokentrace {args.command}: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -516,3 +516,20 @@ def test_streaming_handler_misused_reaches_serve(serve_sdk) -> None:  # type: ig
     assert row[:3] == (tokens, "tiny", "acme")
     assert row[3] > 0
     assert steps == [(["7"], 0)] * tokens
+
+
+def test_endpoint_copied_with_its_signal_path_still_reaches_serve(serve, caplog) -> None:  # type: ignore[no-untyped-def]
+    """`…:4318/v1/traces`, as OTel's per-signal settings write it, became `…/v1/traces/v1/traces`
+    (a 404 on every export): the signal path is read as the base URL's, and said so once."""
+    caplog.set_level(logging.WARNING)
+    tracing = tt.configure(endpoint=f"{serve.otlp_http}/v1/traces/", service_name="copied-endpoint")
+    try:
+        assert tracing.settings.endpoint == serve.otlp_http
+        with tt.request(request_id="copied", model="tiny") as req:
+            req.token()
+        assert tracing.force_flush(10_000)
+    finally:
+        tt.shutdown()
+    assert any("ends in a signal path" in m and "read as" in m for m in _warnings(caplog))
+    serve.stop()
+    assert serve.rows("SELECT request_id FROM requests WHERE service = 'copied-endpoint'") == [("copied",)]

@@ -1,20 +1,5 @@
-"""The DuckDB store shared by the collector (writes), analyzer and web (read)."""
+"""The DuckDB store shared by the collector (writes), analyzer and web (read).
 
-from tokentrace.store.connection import (
-    DB_ENV,
-    DEFAULT_DB,
-    open_db,
-    open_read_only,
-    resolve_db_path,
-)
-from tokentrace.store.schema import SCHEMA_VERSION, migrate
-
-__all__ = [
-    "DB_ENV",
-    "DEFAULT_DB",
-    "SCHEMA_VERSION",
-    "migrate",
-    "open_db",
-    "open_read_only",
-    "resolve_db_path",
-]
+Its modules import DuckDB; `tokentrace.store.location` (where the file is)
+does not, so the command line starts, and says what to install, without it.
+"""

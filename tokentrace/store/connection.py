@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import duckdb
 
+from tokentrace.store.location import DB_ENV, DEFAULT_DB, resolve_db_path
 from tokentrace.store.schema import migrate
 
-#: Environment variable naming the database file (DESIGN.md §6).
-DB_ENV = "TOKENTRACE_DB"
-DEFAULT_DB = "tokentrace.duckdb"
+__all__ = ["DB_ENV", "DEFAULT_DB", "StoreError", "open_db", "open_read_only", "resolve_db_path"]
+
 #: Environment variable bounding DuckDB's memory in the writing process.
 MEMORY_LIMIT_ENV = "TOKENTRACE_DUCKDB_MEMORY_LIMIT"
 #: DuckDB's own default is 80 % of RAM, and its buffer pool keeps every block
@@ -23,11 +22,6 @@ DEFAULT_MEMORY_LIMIT = "256MB"
 
 class StoreError(RuntimeError):
     """The database could not be opened or used."""
-
-
-def resolve_db_path(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """Gives the database path: explicit argument → $TOKENTRACE_DB → ./tokentrace.duckdb."""
-    return Path(explicit or os.environ.get(DB_ENV) or DEFAULT_DB)
 
 
 def open_db(
