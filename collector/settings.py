@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from tokentrace.store.connection import DB_ENV, resolve_db_path
+from tokentrace.store.location import DB_ENV, resolve_db_path
 
 
 @dataclass(frozen=True, slots=True)
