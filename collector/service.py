@@ -176,6 +176,7 @@ def import_files(settings: CollectorSettings, paths: Iterable[Path]) -> dict[str
             "files": files,
             "spans": spans,
             "requests": stats.requests_summarized,
+            "traces": stats.traces_decided,
             "kept_traces": stats.traces_kept,
         }
     finally:

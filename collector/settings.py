@@ -73,7 +73,7 @@ ENV["db"] = DB_ENV
 
 HELP: dict[str, str] = {
     "db": "DuckDB file",
-    "host": "address every server binds (127.0.0.1 unless told otherwise)",
+    "host": "address every server binds (beyond loopback, add --api-token)",
     "http_port": "OTLP/HTTP port (/v1/traces, /v1/metrics)",
     "grpc_port": "OTLP/gRPC port",
     "web_port": "web UI and JSON API port",
@@ -85,8 +85,8 @@ HELP: dict[str, str] = {
     "slo_ttft_ms": "keep every trace whose TTFT exceeds this",
     "slo_e2e_ms": "keep every trace whose end-to-end time exceeds this",
     "slo_itl_ms": "keep every trace whose largest inter-token gap exceeds this",
-    "api_token": "bearer token required by the web UI and API (none by default)",
-    "duckdb_memory_limit": "DuckDB's memory bound, e.g. 512MB or 2GB (default 256MB)",
+    "api_token": "bearer token required by the web UI and API",
+    "duckdb_memory_limit": "DuckDB's memory bound, e.g. 512MB or 2GB",
     "duckdb_checkpoint_threshold": "write-ahead log size at which DuckDB folds it into the file"
     " (DuckDB's own default, 16MB, checkpoints so often that the checkpoints cost the collector"
     " ~2/3 of its insert time; a bigger log is replayed longer after a crash)",
@@ -97,6 +97,18 @@ HELP: dict[str, str] = {
     "decode_processes": "worker processes that decode big OTLP/HTTP protobuf exports off the GIL"
     " (0: decode everything in the collector process)",
 }
+
+
+def shown_default(name: str) -> str:
+    """Gives a setting's default as `serve --help` and the docs say it."""
+    if name == "duckdb_memory_limit":
+        from tokentrace.store.location import DEFAULT_MEMORY_LIMIT
+
+        return DEFAULT_MEMORY_LIMIT  # applied when the database is opened
+    default = CollectorSettings.__dataclass_fields__[name].default
+    if name == "max_body_bytes":
+        return f"{default} ({default // (1024 * 1024)} MiB)"
+    return "none" if default is None or default == "" else str(default)
 
 
 def resolve(explicit: dict[str, Any] | None = None) -> CollectorSettings:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
@@ -15,6 +16,8 @@ from tokentrace.store.location import DB_ENV, DEFAULT_DB
 
 EXIT_USAGE = 2
 EXIT_ERROR = 1
+#: 128 + SIGPIPE, what a shell reports for `cat` cut short by `| head`
+EXIT_BROKEN_PIPE = 141
 
 
 def _add_db(p: argparse.ArgumentParser) -> None:
@@ -68,7 +71,7 @@ def _filters(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from tokentrace.collector.settings import ENV, HELP, CollectorSettings
+    from tokentrace.collector.settings import ENV, HELP, CollectorSettings, shown_default
 
     p = sub.add_parser(
         "serve",
@@ -87,7 +90,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
             flag,
             type=kind,
             default=None,
-            help=f"{HELP[name]} (env {ENV[name]}; default {default})",
+            help=f"{HELP[name]} (env {ENV[name]}; default {shown_default(name)})",
         )
 
 
@@ -133,10 +136,22 @@ def _cmd_import(args: argparse.Namespace) -> int:
     settings = resolve({"db": args.db, "baseline": args.baseline})
     counts = import_files(settings, args.files)
     print(
-        f"imported {counts['spans']} spans from {counts['files']} file(s): "
-        f"{counts['requests']} requests, {counts['kept_traces']} kept traces → {settings.db}"
+        f"imported {_count(counts['spans'], 'span')} from {_count(counts['files'], 'file')}: "
+        f"{_count(counts['requests'], 'request')}, {_count(counts['kept_traces'], 'trace')} kept "
+        f"whole → {settings.db}"
     )
+    if counts["kept_traces"] < counts["traces"] and settings.baseline < 1:
+        print(
+            f"  the spans of {_count(counts['traces'] - counts['kept_traces'], 'trace')} were not "
+            f"kept (tail sampling: unremarkable, baseline {settings.baseline}); every request "
+            "has its summary. --baseline 1 keeps every trace whole."
+        )
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    """`1 request`, `2 requests`."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 @contextlib.contextmanager
@@ -221,29 +236,69 @@ def build_parser() -> argparse.ArgumentParser:
 
     _serve_parser(sub)
 
-    p = sub.add_parser("import", help="run OTLP files (protobuf or JSON) through the pipeline")
+    p = sub.add_parser(
+        "import",
+        help="run OTLP files (protobuf, JSON or JSON lines) through the pipeline",
+        description="Run OTLP trace files (protobuf, JSON or JSON lines, e.g. the explorer's "
+        "otlp.json export or an OpenTelemetry Collector's file exporter) through the same "
+        "pipeline as `serve`: every request gets its summary; the spans of a trace are kept "
+        "as tail sampling decides (slow, broken, and --baseline of the rest).",
+    )
     p.add_argument("files", nargs="+", type=Path, help="OTLP export files")
     p.add_argument(
-        "--baseline", type=float, default=None, help="probability of keeping an unremarkable trace"
+        "--baseline",
+        type=float,
+        default=None,
+        help="probability of keeping an unremarkable trace's spans; 1 keeps every trace whole "
+        "(env TOKENTRACE_BASELINE; default 0.02)",
     )
     _add_db(p)
 
-    p = sub.add_parser("report", help="the diagnosis: where the time goes and what to fix first")
-    p.add_argument("--format", choices=("text", "markdown", "json", "html"), default="text")
+    p = sub.add_parser(
+        "report",
+        help="the diagnosis: where the time goes and what to fix first",
+        description="The diagnosis of the stored requests: latency percentiles, the four buckets "
+        "(network, queue, prefill, decode) and the findings, the most important first, each "
+        "with its evidence, example traces and what to fix first.",
+    )
+    p.add_argument(
+        "--format",
+        choices=("text", "markdown", "json", "html"),
+        default="text",
+        help="text for a terminal (default), markdown for an issue or a wiki, json for tools "
+        "(DESIGN.md §6), html for a self-contained page",
+    )
     _add_remote(p)
     p.add_argument("--output", "-o", type=Path, help="write to this file instead of stdout")
     _add_db(p)
     _add_window(p)
 
-    p = sub.add_parser("requests", help="one row per request with its four-bucket summary")
-    p.add_argument("--format", choices=("jsonl", "csv", "parquet"), default="jsonl")
+    p = sub.add_parser(
+        "requests",
+        help="one row per request with its four-bucket summary",
+        description="One row per request: its start, end-to-end time and four buckets, TTFT, "
+        "TPOT, inter-token gaps, token counts, model, tenant and traffic class (docs/buckets.md).",
+    )
+    p.add_argument(
+        "--format",
+        choices=("jsonl", "csv", "parquet"),
+        default="jsonl",
+        help="JSON lines (default), CSV, or Parquet (needs --output)",
+    )
     p.add_argument("--output", "-o", type=Path, help="write to this file instead of stdout")
     p.add_argument("--limit", type=_positive_int, help="at most this many rows")
     _add_remote(p)
     _add_db(p)
     _add_window(p)
 
-    p = sub.add_parser("demo", help="run a real tiny LLM server under load and diagnose it")
+    p = sub.add_parser(
+        "demo",
+        help="run a real tiny LLM server under load and diagnose it",
+        description="Start the collector, then a real tiny PyTorch LLM server with continuous "
+        "batching for each scenario (one per complaint, plus a healthy one), load it with "
+        "production request traces, and print each scenario's diagnosis. The explorer stays up "
+        "afterwards unless --exit.",
+    )
     p.add_argument("--quick", action="store_true", help="a short CI-sized run")
     p.add_argument(
         "--exit", action="store_true", help="stop after the report instead of keeping the UI up"
@@ -301,6 +356,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader went away (`tokentrace requests | head`): stop quietly, as `cat` does,
+        # with the status a process killed by SIGPIPE has; nothing more goes to the pipe
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except ModuleNotFoundError as exc:
         extra = _extra_providing(exc.name)
         if extra is None:

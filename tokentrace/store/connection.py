@@ -6,18 +6,25 @@ import os
 
 import duckdb
 
-from tokentrace.store.location import DB_ENV, DEFAULT_DB, resolve_db_path
+from tokentrace.store.location import (
+    DB_ENV,
+    DEFAULT_DB,
+    DEFAULT_MEMORY_LIMIT,
+    MEMORY_LIMIT_ENV,
+    resolve_db_path,
+)
 from tokentrace.store.schema import migrate
 
-__all__ = ["DB_ENV", "DEFAULT_DB", "StoreError", "open_db", "open_read_only", "resolve_db_path"]
-
-#: Environment variable bounding DuckDB's memory in the writing process.
-MEMORY_LIMIT_ENV = "TOKENTRACE_DUCKDB_MEMORY_LIMIT"
-#: DuckDB's own default is 80 % of RAM, and its buffer pool keeps every block
-#: it wrote cached until that limit: a collector's RSS then grows with the
-#: amount of data stored, not with its buffer settings.  Inserts need little;
-#: bigger queries spill to `<db>.tmp` instead of growing the process.
-DEFAULT_MEMORY_LIMIT = "256MB"
+__all__ = [
+    "DB_ENV",
+    "DEFAULT_DB",
+    "DEFAULT_MEMORY_LIMIT",
+    "MEMORY_LIMIT_ENV",
+    "StoreError",
+    "open_db",
+    "open_read_only",
+    "resolve_db_path",
+]
 
 
 class StoreError(RuntimeError):
@@ -49,7 +56,9 @@ def open_db(
     foreign = _foreign_tables(conn)
     if foreign:
         conn.close()
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        shown = ", ".join(foreign[:5]) + (
+            f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        )
         raise StoreError(
             f"{db_path} is another program's DuckDB database (tables {shown}), not a "
             "tokentrace one: tokentrace adds its tables only to its own files; give another --db"
@@ -76,7 +85,9 @@ def open_read_only(path: str | os.PathLike[str] | None = None) -> duckdb.DuckDBP
     """Opens an existing database read-only (for reports and exports)."""
     db_path = resolve_db_path(path)
     if not db_path.exists():
-        raise StoreError(f"no tokentrace database at {db_path} (run `tokentrace serve` or `tokentrace import` first)")
+        raise StoreError(
+            f"no tokentrace database at {db_path} (run `tokentrace serve` or `tokentrace import` first)"
+        )
     try:
         return duckdb.connect(str(db_path), read_only=True)
     except duckdb.Error as exc:
