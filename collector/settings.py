@@ -105,7 +105,7 @@ def shown_default(name: str) -> str:
         from tokentrace.store.location import DEFAULT_MEMORY_LIMIT
 
         return DEFAULT_MEMORY_LIMIT  # applied when the database is opened
-    default = CollectorSettings.__dataclass_fields__[name].default
+    default: Any = CollectorSettings.__dataclass_fields__[name].default
     if name == "max_body_bytes":
         return f"{default} ({default // (1024 * 1024)} MiB)"
     return "none" if default is None or default == "" else str(default)
