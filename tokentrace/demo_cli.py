@@ -112,12 +112,16 @@ def summarize_findings(report: dict[str, Any]) -> list[str]:
     """Gives the compact per-scenario lines: top finding, its evidence, fix first."""
     findings = report.get("findings") or []
     req = report["requests"]
-    lines = [f"  {req['count']} requests traced, {req['kept_traces']} full traces kept"]
+    kept = req["kept_traces"]
+    lines = [
+        f"  {req['count']} request{'' if req['count'] == 1 else 's'} traced, "
+        f"{kept} full trace{'' if kept == 1 else 's'} kept"
+    ]
     if not findings:
         return [*lines, "  diagnosis: no complaint found"]
     top = findings[0]
     lines.append(
-        f"  diagnosis: {top['complaint']} — {top['title']} (confidence {top['confidence']:.2f})"
+        f"  diagnosis: {top['complaint']} — {top['title']} (confidence {top['confidence'] * 100:.0f} %)"
     )
     for item in top.get("evidence", [])[:2]:
         text = item.get("text") if isinstance(item, dict) else str(item)
@@ -216,7 +220,11 @@ def run_demo(args: argparse.Namespace) -> int:
         for name, expected, top in summary:
             mark = "✓" if expected == top else "✗"
             print(f"{mark} {name:<23} {expected or '(none)':<25} {top or '(none)'}")
-        print(f"\nexplore the traces: {demo.web_url}   (service = tiny-llm-<scenario>)", flush=True)
+        if args.exit:  # the explorer stops with the demo: say how to bring it back
+            print(f"\nexplore the traces: tokentrace serve --db {settings.db}   "
+                  "(then http://127.0.0.1:8600, service = tiny-llm-<scenario>)", flush=True)  # fmt: skip
+        else:
+            print(f"\nexplore the traces: {demo.web_url}   (service = tiny-llm-<scenario>)", flush=True)
         print(f"once the demo stops, a scenario's report: tokentrace report --db {settings.db} "
               "--service tiny-llm-<scenario>", flush=True)  # fmt: skip
         if not args.exit:

@@ -50,10 +50,12 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 @pytest.mark.slow
 def test_demo_prints_a_diagnosis_per_scenario_and_the_explorer(demo_run: tuple[Path, str]) -> None:
-    _, output = demo_run
+    db, output = demo_run
     for scenario in SCENARIOS:
         assert f"▶ {scenario.name}:" in output, output
-    assert "explore the traces: http://127.0.0.1:" in output
+    # with --exit the explorer stops with the demo: it says how to bring it back, no dead URL
+    assert f"explore the traces: tokentrace serve --db {db}" in output
+    assert "explore the traces: http://" not in output
     assert "tokentrace report --db " in output and "--service tiny-llm-<scenario>" in output
     assert "diagnosis failed" not in output, output
 
