@@ -31,8 +31,10 @@ def num(value: Any, digits: int = 0) -> str:
     return "—" if value is None else f"{float(value):,.{digits}f}"
 
 
-def pct(value: Any) -> str:
-    return "—" if value is None else f"{float(value) * 100:.1f} %"
+def pct(value: Any, digits: int = 1) -> str:
+    """Gives a 0..1 share as a percent ('9.7 %'); a finding's confidence is whole ('72 %', as
+    `tokentrace report` writes it: `pct(v, 0)`)."""
+    return "—" if value is None else f"{float(value) * 100:.{digits}f} %"
 
 
 def when(ns: Any) -> str:

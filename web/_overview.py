@@ -125,7 +125,9 @@ def overview_data(
                     series[name][p].append(None if values is None or values[i] is None else round(values[i], 3))
             whole = sum(t or 0.0 for t in totals)
             for b, total in zip(BUCKETS, totals, strict=True):
-                series["share"][b].append(round((total or 0.0) / whole, 4) if whole else None)
+                # network without client spans in the bin was not measured: None, not 0 %
+                measured = total is not None or b != "network"
+                series["share"][b].append(round((total or 0.0) / whole, 4) if whole and measured else None)
     return {
         "filters": view.query(),
         "window": view.window,
@@ -135,5 +137,6 @@ def overview_data(
         "report_pending": cached is None,
         "report_refreshing": refreshing,
         "report_compute_s": None if cached is None else round(cached.compute_s, 3),
+        "services": None if cached is None else cached.services,
         "series": series,
     }

@@ -17,6 +17,7 @@ import duckdb
 import jinja2
 from fastapi import FastAPI, Request
 from fastapi.responses import (
+    FileResponse,
     HTMLResponse,
     JSONResponse,
     RedirectResponse,
@@ -254,6 +255,7 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
             "report": cached.report,
             "report_compute_s": round(cached.compute_s, 3),
             "report_refreshing": refreshing,
+            "services": cached.services,
         }
 
     @app.get("/api/requests.{fmt}")
@@ -279,6 +281,11 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
             media_type=EXPORT_MEDIA_TYPES[fmt],
             headers={"Content-Disposition": f'attachment; filename="requests.{fmt}"'},
         )
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> Response:
+        # pages link /static/favicon.svg; browsers still ask here for the JSON twins and exports
+        return FileResponse(HERE / "static" / "favicon.svg", media_type="image/svg+xml")
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

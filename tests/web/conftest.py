@@ -56,6 +56,47 @@ def edited(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pyt
         yield WebServer(url, db, requests)
 
 
+#: The one-slice database's requests: ONE_SLICE_COUNT of them, ONE_SLICE_STEP_NS apart.
+ONE_SLICE_COUNT = 5
+ONE_SLICE_STEP_NS = 80_000_000
+
+
+@pytest.fixture(scope="session")
+def one_slice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
+    """A first try of the SDK: five requests within 0.4 s (one time bin) and no client
+    spans, so network was not measured."""
+    tmp = tmp_path_factory.mktemp("webdb-one-slice")
+    db, requests = generate(tmp, count=ONE_SLICE_COUNT, evil=False)
+    conn = duckdb.connect(str(db))
+    try:
+        first = conn.execute("SELECT min(start_ns) FROM requests").fetchone()[0]  # type: ignore[index]
+        origin = first - first % 10**9 + 5430 * 10**9 + 100_000_000  # 01:30:30.1, well inside one second
+        conn.execute(
+            "UPDATE requests SET start_ns = ? + ? * (CAST(substr(request_id, 5) AS BIGINT)), "
+            "e2e_ms = e2e_ms - coalesce(network_ms, 0), network_ms = NULL, ttft_client_ms = NULL",
+            [origin, ONE_SLICE_STEP_NS],
+        )
+    finally:
+        conn.close()
+    with explorer(db) as url:
+        yield WebServer(url, db, requests)
+
+
+@pytest.fixture(scope="session")
+def two_services(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
+    """A copy of the generated database whose second half of requests comes from another service."""
+    src, requests = generated
+    db = tmp_path_factory.mktemp("webdb-two-services") / "web.duckdb"
+    shutil.copy(src, db)
+    conn = duckdb.connect(str(db))
+    try:
+        conn.execute("UPDATE requests SET service = 'llm-server-b' WHERE request_id >= 'req-0060'")
+    finally:
+        conn.close()
+    with explorer(db) as url:
+        yield WebServer(url, db, requests)
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """Gives a headless Chromium (Debian's) driven by Playwright, one per test module."""

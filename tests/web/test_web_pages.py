@@ -428,3 +428,84 @@ def test_paging_walks_requests_whose_ids_are_long(tmp_path: Path) -> None:
                 break
             params = page["next"]
     assert len(seen) == len(set(seen)) == 7
+
+
+def test_network_not_measured_reads_as_a_dash_not_zero(one_slice: WebServer, web: WebServer) -> None:
+    import re
+
+    data = _get(one_slice, "/api/overview").json()
+    assert data["report"]["buckets"]["network"]["measured"] is False
+    assert data["series"]["share"]["network"] == [None] and data["series"]["share"]["decode"][0] > 0
+    for path in ("/", "/diagnosis"):
+        page = _get(one_slice, path).text
+        network = re.search(r'<i class="sw b-network"></i>network</th><td>([^<]*)</td>', page)
+        assert network and network[1] == "—", (path, network and network[1])
+    # measured, it is a share as before
+    page = _get(web, "/").text
+    assert re.search(r'<i class="sw b-network"></i>network</th><td>\d+\.\d %</td>', page)
+
+
+def test_a_sampled_out_trace_says_its_token_times_were_not_kept(web: WebServer, truth: dict[str, object]) -> None:
+    tid = truth["sampled_out"][0]  # type: ignore[index]
+    assert truth["by_trace"][tid][5] > 0  # type: ignore[index]  # it did stream tokens
+    page = _get(web, f"/trace/{tid}").text
+    assert "token times were not kept for this request (its spans were sampled out)" in page
+    assert " tokens over " not in page
+    kept = web.requests[0]  # an error: always kept
+    page = _get(web, f"/trace/{kept.trace_id}").text
+    assert f"{len(kept.tokens_abs_ns)} tokens over " in page and "token times were not kept" not in page
+
+
+def test_confidence_reads_as_a_whole_percent(web: WebServer) -> None:
+    import re
+
+    findings = _get(web, "/api/diagnosis").json()["report"]["findings"]
+    assert findings
+    for path in ("/", "/diagnosis"):
+        page = _get(web, path).text
+        shown = re.findall(r'<span class="conf">confidence ([^<]*)</span>', page)
+        assert shown == [f"{f['confidence']:.0%}".replace("%", " %") for f in findings], (path, shown)
+        assert all(re.fullmatch(r"\d{1,3} %", s) for s in shown), shown
+
+
+def test_one_wording_and_one_duration_format_across_pages(web: WebServer) -> None:
+    import re
+
+    from tokentrace.web._format import ms
+
+    # TPOT as every other duration: one decimal (search and trace said "33.53 ms")
+    rows = _get(web, "/api/search", params={"sort": "e2e_ms", "limit": "20"}).json()["rows"]
+    page = _get(web, "/search", params={"sort": "e2e_ms", "limit": "20"}).text
+    tpots = re.findall(r"Z</td>\s*<td>[^<]+</td><td>[^<]+</td><td>([^<]+)</td>", page)
+    assert tpots == [ms(r["tpot_ms"]) for r in rows]
+    tid = web.requests[0].trace_id
+    tpot = _get(web, f"/api/trace/{tid}").json()["requests"][0]["summary"]["tpot_ms"]
+    assert f"<th>TPOT</th><td>{ms(tpot)}</td>" in _get(web, f"/trace/{tid}").text
+    # the overview's names: "TTFT" (not "TTFT (server)"), "E2E"; the queue's parts as docs/buckets.md names them
+    diagnosis = _get(web, "/diagnosis").text
+    assert "<th>TTFT</th>" in diagnosis and "TTFT (server)" not in diagnosis and "end-to-end</th>" not in diagnosis
+    assert re.search(r"queue: queue_wait \d+\.\d %, tokenize \d+\.\d %, other \d+\.\d %", diagnosis)
+    assert "queue_wait</th>" in _get(web, f"/trace/{tid}").text
+
+
+def test_findings_of_several_services_say_so_and_how_they_are_ordered(two_services: WebServer, web: WebServer) -> None:
+    report = _get(two_services, "/api/diagnosis").json()  # waits for the report: the overview then has it
+    assert report["report"]["findings"] and report["services"] == 2
+    for path in ("/", "/diagnosis"):
+        page = _get(two_services, path).text
+        assert 'id="findings-mixed"' in page and "mix 2 services" in page, path
+        assert "weighted by the share of the window's end-to-end time" in page, path
+        one = _get(two_services, path, params={"service": "llm-server"}).text
+        assert 'id="findings-mixed"' not in one, path
+    _get(web, "/api/diagnosis")
+    assert 'id="findings-mixed"' not in _get(web, "/").text  # one service: nothing to say
+
+
+def test_the_site_has_a_favicon(web: WebServer) -> None:
+    icon = _get(web, "/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+    assert icon.text.startswith("<svg")
+    page = _get(web, "/").text
+    link = page.index('<link rel="icon"')
+    href = page[link:].split('href="', 1)[1].split('"', 1)[0]
+    assert httpx.get(href, timeout=30).status_code == 200

@@ -207,7 +207,7 @@ def test_every_route_needs_the_token_and_none_echoes_it(generated: tuple[Path, l
         "/api/trace/{trace_id}/otlp.json": f"/api/trace/{tid}/otlp.json",
         "/api/trace/{trace_id}/chrome.json": f"/api/trace/{tid}/chrome.json",
         "/diagnosis": "/diagnosis", "/api/diagnosis": "/api/diagnosis", "/api/requests.{fmt}": "/api/requests.csv",
-        "/healthz": "/healthz", "/static": "/static/app.js",
+        "/healthz": "/healthz", "/static": "/static/app.js", "/favicon.ico": "/favicon.ico",
     }  # fmt: skip
     app = create_web_app(CollectorSettings(db=generated[0]))
     assert {getattr(r, "path", None) for r in app.routes} == set(urls), "a new route: add it here"

@@ -9,7 +9,7 @@ SELECT
     quantile_cont(ttft_ms, [0.5, 0.9, 0.95, 0.99])      AS ttft,
     quantile_cont(tpot_ms, [0.5, 0.9, 0.95, 0.99])      AS tpot,
     quantile_cont(itl_p50_ms, [0.5, 0.9, 0.95, 0.99])   AS itl,
-    sum(coalesce(network_ms, 0))                        AS network_total,
+    sum(network_ms)                                     AS network_total,  -- NULL: not measured in the bin
     sum(queue_ms)                                       AS queue_total,
     sum(prefill_ms)                                     AS prefill_total,
     sum(decode_ms)                                      AS decode_total

@@ -87,16 +87,58 @@
     return out;
   }
 
-  function plot(el, series, data, opts) {
+  // The last bin with any value in the chart: what its legend shows while the pointer is off it.
+  function latestIndex(u) {
+    for (var i = u.data[0].length - 1; i >= 0; i--) {
+      for (var k = 1; k < u.data.length; k++) if (u.data[k][i] != null) return i;
+    }
+    return null;
+  }
+
+  // A legend value: at the bin under the pointer, else at the latest bin with data ("--" read
+  // like missing data). `format(v, seriesIdx, idx)` writes a value that is there.
+  function legendValue(format) {
+    return function (u, v, seriesIdx, idx) {
+      if (idx == null) {
+        idx = latestIndex(u);
+        if (idx == null) return "—";
+        v = u.data[seriesIdx][idx];
+      }
+      return v == null ? "—" : format(v, seriesIdx, idx);
+    };
+  }
+
+  var stamp = uPlot.fmtDate(DAY + " {HH}:{mm}:{ss}");
+  // the time's legend entry: the bin under the pointer, or the latest one, said so
+  var timeValue = function (u, v, seriesIdx, idx) {
+    var latest = idx == null;
+    if (latest) idx = latestIndex(u);
+    if (idx == null) return "—";
+    return stamp(utc(u.data[0][idx])) + (latest ? " (latest)" : "");
+  };
+
+  // The x range of a chart: its bins; a window of one bin gets a slice either side of it
+  // (uPlot would give one time a day on its own, drawn as years).
+  function timeRange(binS) {
+    return function (u, min, max) {
+      var t = u.data[0];
+      return t.length === 1 ? [t[0] - binS, t[0] + binS] : [min, max];
+    };
+  }
+
+  function plot(el, series, data, opts, binS) {
     var width = Math.max(300, el.clientWidth || 460);
     var o = Object.assign({ width: width, height: 200, tzDate: utc,
-                            series: [{ label: "UTC", value: DAY + " {HH}:{mm}:{ss}" }].concat(series),
+                            series: [{ label: "UTC", value: timeValue }].concat(series),
                             axes: [{ values: TIME_TICKS }, { size: axisSize }],
-                            scales: { x: { time: true } }, legend: { live: true } }, opts || {});
+                            legend: { live: true } }, opts || {});
+    o.scales = Object.assign({}, o.scales, { x: { time: true, range: timeRange(binS || 1) } });
+    // one bin: ticks a slice apart (before, at and after it), not every 200 ms
+    if (data[0].length === 1) o.axes = [Object.assign({}, o.axes[0], { incrs: [binS || 1] })].concat(o.axes.slice(1));
     return new uPlot(o, data, el);
   }
 
-  function durationValue(u, v) { return v == null ? "--" : duration.text(v); }
+  var durationValue = legendValue(function (v) { return duration.text(v); });
   function durationTicks(u, splits, axisIdx, space, incr) { return duration.axis(splits, incr); }
 
   // A y range for rates and counts: from 0 to a rounded-up maximum (0 to 1 when all are 0).
@@ -107,6 +149,10 @@
   function overviewCharts() {
     var s = readJSON("series");
     if (!s || !s.t || !s.t.length || typeof uPlot === "undefined") return;
+    // no two neighbouring bins with requests (one bin, or a few far apart): no line can be drawn,
+    // so the rate and the shares are bars
+    var sparse = !s.rps.some(function (r, i) { return i > 0 && r > 0 && s.rps[i - 1] > 0; });
+    var bars = sparse ? uPlot.paths.bars({ size: [0.5, Infinity] }) : null;
     document.querySelectorAll("[data-chart]").forEach(function (el) {
       var kind = el.getAttribute("data-chart");
       if (kind === "latency") {
@@ -115,32 +161,44 @@
         // no spanGaps: a bin without requests is a gap, not a line across it
         plot(el, ps.map(function (p) {
                return { label: p, stroke: COLORS[p], width: 1.5, value: durationValue,
-                        points: { show: true, size: 4, fill: COLORS[p], filter: lonePoints } };
+                        points: { show: true, size: 6, fill: COLORS[p], filter: lonePoints } };
              }),
              [s.t].concat(ps.map(function (p) { return m[p]; })),
-             { axes: [{ values: TIME_TICKS }, { size: axisSize, values: durationTicks }] });
+             { axes: [{ values: TIME_TICKS }, { size: axisSize, values: durationTicks }] }, s.bin_s);
       } else if (kind === "rps") {
         // a rate starts at 0: uPlot's own range starts near the smallest value, which makes
         // 2 vs 3 req/s look like a tenfold swing
-        plot(el, [{ label: "req/s", stroke: "#1d232a", fill: "rgba(29,35,42,.08)", width: 1.5, points: { show: false } }], [s.t, s.rps],
-             { scales: { x: { time: true }, y: { range: fromZero } } });
+        var rate = { label: "req/s", stroke: "#1d232a", fill: "rgba(29,35,42,.08)", width: 1.5, points: { show: false },
+                     value: legendValue(function (v) { return String(Math.round(v * 100) / 100); }) };
+        if (bars) Object.assign(rate, { paths: bars, fill: "rgba(29,35,42,.6)" });
+        plot(el, [rate], [s.t, s.rps], { scales: { y: { range: fromZero } } }, s.bin_s);
       } else if (kind === "share") {
         // stacked: each line is the running sum so the bands read as shares of 100 %
         // drawn top band first, so each lower band paints over the one above it
         var names = ["network", "queue", "prefill", "decode"];
+        // a bin without requests has no shares: null leaves a gap instead of a band at 0;
+        // a bucket not measured in a bin (network without client spans) adds nothing to the stack
+        var has = s.t.map(function (t, i) { return names.some(function (b) { return s.share[b][i] != null; }); });
         var acc = s.t.map(function () { return 0; });
         var stacked = names.map(function (b) {
-          // a bin without requests has no shares: null leaves a gap instead of a band at 0
-          acc = acc.map(function (v, i) { return s.share[b][i] == null ? null : v + s.share[b][i] * 100; });
+          acc = acc.map(function (v, i) { return has[i] ? v + (s.share[b][i] || 0) * 100 : null; });
           return acc.slice();
         });
         var order = [3, 2, 1, 0];
         plot(el, order.map(function (i) {
-               return { label: names[i] + " (stacked %)", stroke: COLORS[names[i]], fill: COLORS[names[i]] + "cc",
-                        width: 1, points: { show: false } };
+               // the legend gives the bucket's own share of the bin ("—" where not measured)
+               var own = legendValue(function (v, si, idx) {
+                 var share = s.share[names[i]][idx];
+                 return share == null ? "—" : (share * 100).toFixed(1) + " %";
+               });
+               // a lone bin between gaps has no band to fill: a dot at each band's top
+               var band = { label: names[i], stroke: COLORS[names[i]], fill: COLORS[names[i]] + "cc", width: 1,
+                            points: { show: true, size: 6, fill: COLORS[names[i]], filter: lonePoints }, value: own };
+               if (bars) band.paths = bars;
+               return band;
              }),
              [s.t].concat(order.map(function (i) { return stacked[i]; })),
-             { scales: { x: { time: true }, y: { range: [0, 100] } } });
+             { scales: { y: { range: [0, 100] } } }, s.bin_s);
       }
     });
   }
