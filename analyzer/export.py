@@ -12,6 +12,22 @@ from tokentrace.analyzer.filters import Filters
 from tokentrace.analyzer.summary import COLUMNS
 
 FORMATS = ("jsonl", "csv", "parquet")
+#: Millisecond columns are written to the microsecond in CSV and JSON lines: the sums
+#: behind them leave float noise (23.891000000000002) that no clock measured.
+MS_DECIMALS = 3
+_MS_SCALE = 10**MS_DECIMALS
+#: `start` in CSV and JSON lines: ISO 8601, UTC, microseconds, `Z`.
+START_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def _is_ms(name: str) -> bool:
+    return name.endswith("_ms")
+
+
+def _round_ms(v: float) -> float:
+    """Rounds to the microsecond (half to even) the way `_for_text` does in Arrow, so a
+    value reads the same in CSV and in JSON lines: 23.891000000000002 → 23.891."""
+    return round(v * _MS_SCALE) / _MS_SCALE
 
 
 def requests_table(conn: duckdb.DuckDBPyConnection, filters: Filters, limit: int | None = None) -> Any:
@@ -39,8 +55,12 @@ def write_requests(
     table = requests_table(conn, filters, limit)
     out = out or sys.stdout.buffer
     if fmt == "jsonl":
+        ms_cols = [name for name in table.column_names if _is_ms(name)]
         for row in table.to_pylist():
-            row["start"] = row["start"].isoformat() + "Z" if row["start"] is not None else None
+            row["start"] = row["start"].strftime(START_FORMAT) if row["start"] is not None else None
+            for name in ms_cols:
+                if row[name] is not None:
+                    row[name] = _round_ms(row[name])
             out.write(json.dumps(row, default=str).encode() + b"\n")
     elif fmt == "csv":
         import pyarrow as pa
@@ -50,13 +70,32 @@ def write_requests(
         idx = table.schema.get_field_index("flags")
         flags = pa.array([";".join(f or []) for f in table.column("flags").to_pylist()])
         table = table.set_column(idx, "flags", flags)
-        pacsv.write_csv(_inert_for_spreadsheets(table), out)
+        pacsv.write_csv(_inert_for_spreadsheets(_for_text(table)), out)
     else:
         import pyarrow.parquet as pq
 
         pq.write_table(table, out)
     out.flush()
     return table.num_rows
+
+
+def _for_text(table: Any) -> Any:
+    """Gives `table` as text formats write it: millisecond columns rounded to the
+    microsecond, `start` as ISO 8601 UTC text ending in `Z` (as JSON lines write it)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for i, field in enumerate(table.schema):
+        if _is_ms(field.name) and pa.types.is_floating(field.type):
+            # scale, round, scale back: the quotient is the double nearest the decimal
+            # (pyarrow's round(x, 3) leaves 23.891000000000002 as it was)
+            scaled = pc.round(pc.multiply(table.column(i), float(_MS_SCALE)))
+            table = table.set_column(i, field, pc.divide(scaled, float(_MS_SCALE)))
+        elif field.name == "start" and pa.types.is_timestamp(field.type):
+            start = pc.strftime(table.column(i), format=START_FORMAT.replace(".%f", ""))
+            # strftime's %S gives the fraction at the column's unit (µs); Z after it
+            table = table.set_column(i, pa.field("start", pa.string()), start)
+    return table
 
 
 #: A text cell a spreadsheet would run as a formula (OWASP "CSV injection").

@@ -34,11 +34,52 @@ def no_requests_message(report: dict[str, Any]) -> str:
     return "No requests in this window yet: point your server's OTLP exporter at the collector."
 
 
-def _ms(v: float | None) -> str:
+def noun(n: int | None, one: str) -> str:
+    return one if n == 1 else one + "s"
+
+
+def counted(n: int | None, one: str) -> str:
+    """Gives '1 kept trace' / '3 kept traces'."""
+    return f"{n} {noun(n, one)}"
+
+
+def format_ms(v: float | None) -> str:
+    """Gives a millisecond figure as every report format writes it: '—' when not measured,
+    '912.4 ms', and seconds with one decimal more from 1 s on ('1.00 s', '6.81 s').
+
+    The switch is decided on the rounded figure, so 999.96 ms reads '1.00 s', not
+    '1000.0 ms'; the explorer (`web/_format.py` `ms`) writes durations the same way.
+    """
     if v is None:
         return "—"
-    # seconds from 1 s on, as the findings' evidence and the explorer write them
-    return f"{v / 1000:.2f} s" if round(v, 1) >= 1000 else f"{v:.1f} ms"
+    return f"{v / 1000:.2f} s" if abs(round(v, 1)) >= 1000 else f"{v:.1f} ms"
+
+
+_ms = format_ms
+
+
+def format_confidence(c: float | None) -> str:
+    """Gives a finding's 0..1 confidence as a whole percent with a space: '72 %'."""
+    return "—" if c is None else f"{float(c) * 100:.0f} %"
+
+
+#: How `diagnose` ranks the findings (`Finding.score` in analyzer/diagnosis/_base.py), in words.
+FINDINGS_ORDER = (
+    "Most important first: each finding's confidence, weighted by the share of the "
+    "window's end-to-end time it touches."
+)
+
+
+def mixed_services_note(report: dict[str, Any], option: str = "--service NAME") -> str | None:
+    """Says that the findings mix several services, when the report is not for one service
+    (`requests.services` counts them; a report from an older server has no count: no note)."""
+    try:
+        services = int((report.get("requests") or {}).get("services") or 0)
+    except (TypeError, ValueError):
+        return None
+    if services <= 1 or ((report.get("window") or {}).get("filters") or {}).get("service"):
+        return None
+    return f"These findings mix {services} services: {option} picks one."
 
 
 def render_json(report: dict[str, Any]) -> str:
@@ -69,7 +110,7 @@ def render_text(report: dict[str, Any]) -> str:
         row = report["latency"][key]
         if all(v is None for v in row.values()):
             continue
-        lines.append(f"{label:<12}" + "".join(f"{_ms(row[p]):>11}" for p in PERCENTILES))
+        lines.append(f"{label:<12}" + "".join(f"{format_ms(row[p]):>11}" for p in PERCENTILES))
     lines += ["", "where the time goes (share of all end-to-end time)"]
     for b in BUCKETS:
         bucket = report["buckets"][b]
@@ -79,7 +120,7 @@ def render_text(report: dict[str, Any]) -> str:
         share = bucket["share"]
         bar = "█" * round((share or 0) * 40)
         lines.append(
-            f"  {b:<9} {(share or 0) * 100:5.1f} %  {bar:<40} p50 {_ms(bucket['p50'])}, p99 {_ms(bucket['p99'])}"
+            f"  {b:<9} {(share or 0) * 100:5.1f} %  {bar:<40} p50 {format_ms(bucket['p50'])}, p99 {format_ms(bucket['p99'])}"
         )
     parts = report["buckets"]["queue"].get("parts") or {}
     if any(parts.values()):
@@ -91,8 +132,11 @@ def render_text(report: dict[str, Any]) -> str:
     lines += ["", "diagnosis"]
     if not findings:
         lines.append("  No latency complaint stands out in this window.")
+    else:
+        mixed = mixed_services_note(report)
+        lines += [f"  {FINDINGS_ORDER}", *([f"  {mixed}"] if mixed else [])]
     for i, f in enumerate(findings, 1):
-        lines.append(f"  {i}. [{f['complaint']}] {f['title']}  (confidence {f['confidence']:.0%})")
+        lines.append(f"  {i}. [{f['complaint']}] {f['title']}  (confidence {format_confidence(f['confidence'])})")
         for ev in f.get("evidence", []):
             lines.append(f"       - {ev if isinstance(ev, str) else ev.get('text', ev)}")
         lines.append(f"       fix first: {f['fix_first']}")
@@ -117,7 +161,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         "# tokentrace report",
         "",
         *([f"_{_md_escape(window)}_", ""] if window else []),
-        f"**{req['count']}** requests, {req['kept_traces']} kept traces, {req['errors']} errors.",
+        f"**{req['count']}** {noun(req['count'], 'request')}, {counted(req['kept_traces'], 'kept trace')}, "
+        f"{counted(req['errors'], 'error')}.",
         "",
     ]
     if not req["count"]:
@@ -129,20 +174,26 @@ def render_markdown(report: dict[str, Any]) -> str:
         row = report["latency"][key]
         if all(v is None for v in row.values()):
             continue
-        out.append(f"| {label} | " + " | ".join(_ms(row[p]) for p in PERCENTILES) + " |")
+        out.append(f"| {label} | " + " | ".join(format_ms(row[p]) for p in PERCENTILES) + " |")
     out += ["", "## Where the time goes", "", "| bucket | share | p50 | p99 |", "|---|---:|---:|---:|"]
     for b in BUCKETS:
         bucket = report["buckets"][b]
         if b == "network" and not bucket.get("measured"):
             out.append("| network | not measured | | |")
             continue
-        out.append(f"| {b} | {(bucket['share'] or 0) * 100:.1f} % | {_ms(bucket['p50'])} | {_ms(bucket['p99'])} |")
+        out.append(f"| {b} | {(bucket['share'] or 0) * 100:.1f} % | {format_ms(bucket['p50'])} | {format_ms(bucket['p99'])} |")
     out += ["", "## Diagnosis", ""]
     findings = report.get("findings") or []
     if not findings:
         out.append("No latency complaint stands out in this window.")
+    else:
+        mixed = mixed_services_note(report, option="`--service NAME`")
+        out += [_md_escape(FINDINGS_ORDER), *(["", mixed] if mixed else []), ""]
     for i, f in enumerate(findings, 1):
-        out.append(f"{i}. **{_md_escape(f['title'])}** (`{_md_escape(f['complaint'])}`, confidence {f['confidence']:.0%})")
+        out.append(
+            f"{i}. **{_md_escape(f['title'])}** (`{_md_escape(f['complaint'])}`, "
+            f"confidence {format_confidence(f['confidence'])})"
+        )
         for e in f.get("evidence", []):
             out.append(f"   - {_md_escape(e.get('text', e) if isinstance(e, dict) else e)}")
         out.append(f"   - *Fix first:* {_md_escape(f['fix_first'])}")

@@ -10,22 +10,42 @@ import html
 import math
 from typing import Any
 
-from tokentrace.analyzer.render import describe_window, no_requests_message
+from tokentrace.analyzer.render import (
+    FINDINGS_ORDER,
+    counted,
+    describe_window,
+    format_confidence,
+    mixed_services_note,
+    no_requests_message,
+    noun,
+)
+from tokentrace.analyzer.render import format_ms as _ms
 from tokentrace.analyzer.report import BUCKETS, PERCENTILES
 
 W, H, PAD = 720, 220, 44
-COLORS = {"network": "#6c8ebf", "queue": "#d79b00", "prefill": "#b85450", "decode": "#82b366",
-          "e2e_p50": "#1f77b4", "e2e_p95": "#ff7f0e", "e2e_p99": "#d62728", "ttft_p50": "#2ca02c"}
+#: Room left of a chart for its y-axis labels ("999.9 ms" at 10 px, right-aligned).
+LEFT = 68
+#: The explorer's colours (web/static/app.css `--net` …, app.js COLORS): a bucket or a
+#: percentile has one colour in every view tokentrace draws (TTFT, which the explorer's
+#: chart does not draw, in its muted grey).
+COLORS = {"network": "#8e7cc3", "queue": "#e69138", "prefill": "#3d85c6", "decode": "#6aa84f",
+          "e2e_p50": "#3d85c6", "e2e_p95": "#e69138", "e2e_p99": "#cc0000", "ttft_p50": "#66707a"}
+#: inter-token gaps are the decode bucket's
+DECODE = COLORS["decode"]
+#: Steps of a round axis top (times a power of ten).
+_NICE_STEPS = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 
 
 def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _ms(v: float | None) -> str:
-    if v is None:
-        return "—"
-    return f"{v / 1000:.2f} s" if v >= 10_000 else f"{v:.1f} ms"
+def _nice_top(v: float) -> float:
+    """Gives the round figure at or above `v` that a y axis ends on (6,814 ms → 8,000 ms)."""
+    if v <= 0:
+        return 1.0
+    power = 10 ** math.floor(math.log10(v))
+    return next(step * power for step in _NICE_STEPS if step * power >= v * (1 - 1e-9))
 
 
 def _timeline_svg(timeline: dict[str, Any]) -> str:
@@ -34,16 +54,19 @@ def _timeline_svg(timeline: dict[str, Any]) -> str:
         return "<p>Not enough time slices for a chart.</p>"
     series = ("e2e_p50", "e2e_p95", "e2e_p99", "ttft_p50")
     t0, t1 = pts[0]["start_ns"], pts[-1]["start_ns"]
-    top = max((p[s] or 0) for p in pts for s in series) or 1.0
+    top = _nice_top(max((p[s] or 0) for p in pts for s in series))
     def x(t: int) -> float:
-        return PAD + (W - 2 * PAD) * (t - t0) / max(t1 - t0, 1)
+        return LEFT + (W - LEFT - PAD) * (t - t0) / max(t1 - t0, 1)
     def y(v: float) -> float:
-        return H - PAD + 0 - (H - 2 * PAD) * v / top
+        return H - PAD - (H - 2 * PAD) * v / top
     parts = [f'<svg viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="latency percentiles over time">']
-    parts.append(f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" stroke="#999"/>')
-    parts.append(f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{H - PAD}" stroke="#999"/>')
-    parts.append(f'<text x="{PAD - 4}" y="{PAD}" text-anchor="end" font-size="10">{_e(_ms(top))}</text>')
-    parts.append(f'<text x="{PAD - 4}" y="{H - PAD}" text-anchor="end" font-size="10">0</text>')
+    # y labels end left of the axis, with room for the longest ("999.9 ms"): none is cut off
+    for v in (top, top / 2):
+        parts.append(f'<line x1="{LEFT}" y1="{y(v):.1f}" x2="{W - PAD}" y2="{y(v):.1f}" stroke="#eee"/>')
+        parts.append(f'<text x="{LEFT - 6}" y="{y(v) + 3:.1f}" text-anchor="end" font-size="10">{_e(_ms(v))}</text>')
+    parts.append(f'<text x="{LEFT - 6}" y="{H - PAD + 3}" text-anchor="end" font-size="10">0</text>')
+    parts.append(f'<line x1="{LEFT}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" stroke="#999"/>')
+    parts.append(f'<line x1="{LEFT}" y1="{PAD}" x2="{LEFT}" y2="{H - PAD}" stroke="#999"/>')
     minutes = (t1 - t0) / 6e10
     parts.append(f'<text x="{W - PAD}" y="{H - PAD + 14}" text-anchor="end" font-size="10">+{minutes:.1f} min</text>')
     for i, s in enumerate(series):
@@ -51,7 +74,7 @@ def _timeline_svg(timeline: dict[str, Any]) -> str:
         if not line:
             continue
         parts.append(f'<polyline fill="none" stroke="{COLORS[s]}" stroke-width="1.5" points="{line}"/>')
-        parts.append(f'<text x="{PAD + 8 + i * 90}" y="{PAD - 10}" font-size="11" fill="{COLORS[s]}">{_e(s.replace("_", " "))}</text>')
+        parts.append(f'<text x="{LEFT + 8 + i * 90}" y="{PAD - 10}" font-size="11" fill="{COLORS[s]}">{_e(s.replace("_", " "))}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -87,7 +110,7 @@ def _itl_svg(hist: list[dict[str, Any]]) -> str:
         bh = (H - 2 * PAD) * math.log1p(h["count"]) / math.log1p(top)
         label = "∞" if h["le_ms"] is None else _ms(h["le_ms"])
         parts.append(
-            f'<rect x="{PAD + i * bw:.1f}" y="{H - PAD - bh:.1f}" width="{max(bw - 1, 1):.1f}" height="{bh:.1f}" fill="#82b366">'
+            f'<rect x="{PAD + i * bw:.1f}" y="{H - PAD - bh:.1f}" width="{max(bw - 1, 1):.1f}" height="{bh:.1f}" fill="{DECODE}">'
             f'<title>≤ {_e(label)}: {_e(h["count"])} gaps</title></rect>'
         )
     first = hist[0]["le_ms"]
@@ -110,12 +133,18 @@ def render_html(report: dict[str, Any]) -> str:
             continue
         rows.append(f"<tr><th>{_e(label)}</th>" + "".join(f"<td>{_e(_ms(row[p]))}</td>" for p in PERCENTILES) + "</tr>")
     findings = []
+    if report.get("findings"):
+        mixed = mixed_services_note(report)
+        findings.append(f'<p class="note">{_e(FINDINGS_ORDER)}</p>')
+        if mixed:
+            option = _e("--service NAME")
+            findings.append(f'<p class="note">{_e(mixed).replace(option, f"<code>{option}</code>")}</p>')
     for f in report.get("findings") or []:
         evidence = "".join(f"<li>{_e(e.get('text', '') if isinstance(e, dict) else e)}</li>" for e in f.get("evidence", []))
         examples = ", ".join(f"<code>{_e(t)}</code>" for t in f.get("example_traces", [])[:5])
         findings.append(
             f'<section class="finding"><h3>{_e(f["title"])} <small>{_e(f["complaint"])} · confidence '
-            f"{_e(format(f['confidence'], '.0%'))}</small></h3><ul>{evidence}</ul>"
+            f"{_e(format_confidence(f['confidence']))}</small></h3><ul>{evidence}</ul>"
             f'<p><b>Fix first:</b> {_e(f["fix_first"])}</p>'
             + (f"<p>Example traces: {examples}</p>" if examples else "")
             + "</section>"
@@ -125,10 +154,11 @@ def render_html(report: dict[str, Any]) -> str:
         "<style>body{font:14px system-ui,sans-serif;margin:2em;max-width:800px;color:#222}"
         "table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right;border-bottom:1px solid #eee}"
         "th{text-align:left}.finding{border-left:4px solid #d79b00;padding-left:1em;margin:1em 0}"
-        "small{color:#666;font-weight:normal}</style></head><body>",
+        "small,.note{color:#666;font-weight:normal}</style></head><body>",
         "<h1>tokentrace report</h1>",
         f"<p><small>{_e(describe_window(report))}</small></p>",
-        f"<p><b>{_e(req['count'])}</b> requests · {_e(req['kept_traces'])} kept traces · {_e(req['errors'])} errors</p>",
+        f"<p><b>{_e(req['count'])}</b> {noun(req['count'], 'request')} · {_e(counted(req['kept_traces'], 'kept trace'))} · "
+        f"{_e(counted(req['errors'], 'error'))}</p>",
     ]
     if req["count"]:
         body += [

@@ -149,6 +149,8 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
             "kept_traces": r["kept"],
             "errors": r["errors"],
             "with_client_span": r["with_network"],
+            # how many services the requests come from: findings over several mix them
+            "services": r["services"],
         },
         "latency": {
             "e2e": _pcts(r["e2e"]),

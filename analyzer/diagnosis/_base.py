@@ -30,13 +30,14 @@ TARGET_SLICES = 60
 MIN_SLICE_NS = 1_000_000_000
 NICE_SLICE_SECONDS = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 
-#: What to fix first, per complaint (DESIGN.md §5).
+#: What to fix first, per complaint (DESIGN.md §5).  Where a signal knows which cause
+#: fired, its finding leads with that cause's fix (`Finding.fix_lead`) and this follows.
 FIX_FIRST: dict[str, str] = {
     "tiny_prompts_slow": "Check the serving region against your users, kill cross-region hops, cap queue depth.",
     "bad_in_production": "Separate production traffic, scale earlier, tighten concurrency limits.",
     "long_wait_then_fast": "Shrink prompts, cap RAG context, reduce pre-fill batching.",
     "stutter": "Reduce decode batching, separate long and short requests.",
-    "peak_hours": "Lower the batch delay, add priority queues, scale up faster.",
+    "peak_hours": "Lower the batch delay where the server waits to fill batches, add priority queues, scale up faster.",
     "big_tenants_slower": "Isolate tenants (per-tenant queues or limits), split background jobs off.",
     "batch_mode_breaks_live": "Use batch mode only where humans are not waiting; give live traffic its own queue.",
     "cold_start": "Warm instances before they take traffic (load weights, run a dummy request), keep a minimum of warm replicas.",
@@ -68,6 +69,8 @@ class Finding:
     affected_trace_ids: list[str] = field(default_factory=list)
     #: kept traces, best first: up to MAX_EXAMPLE_CANDIDATES until `pick_examples`
     example_traces: list[str] = field(default_factory=list)
+    #: the fix for the cause the signal saw (a sentence), said before the complaint's generic fix
+    fix_lead: str | None = None
 
     @property
     def score(self) -> float:
@@ -81,9 +84,17 @@ class Finding:
             "confidence": round(self.confidence, 3),
             "evidence": self.evidence,
             "example_traces": self.example_traces,
-            "fix_first": FIX_FIRST[self.complaint],
+            "fix_first": fix_first(self.complaint, self.fix_lead),
             "affected_trace_ids": self.affected_trace_ids,
         }
+
+
+def fix_first(complaint: str, lead: str | None = None) -> str:
+    """Gives the fix-first advice: the cause-specific fix, then the complaint's generic one."""
+    generic = FIX_FIRST[complaint]
+    if not lead:
+        return generic
+    return f"{lead.rstrip('.')}. Then: {generic[0].lower()}{generic[1:]}"
 
 
 def pick_examples(ranked: list[Finding]) -> None:
@@ -121,9 +132,16 @@ def pct(x: float | None) -> str:
 
 
 def ms(x: float | None) -> str:
+    """Gives a duration for evidence text: whole ms, seconds from 1 s on (decided on the
+    rounded figure, so 999.7 ms reads '1.00 s', not '1000 ms')."""
     if x is None:
         return "—"
-    return f"{x / 1000:.2f} s" if x >= 1000 else f"{x:.0f} ms"
+    return f"{x / 1000:.2f} s" if abs(round(x)) >= 1000 else f"{x:.0f} ms"
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """Gives '1 request' / '3 requests' (`many` for irregular plurals)."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
 def ev(text: str, **numbers: Any) -> dict[str, Any]:

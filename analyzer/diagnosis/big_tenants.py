@@ -46,17 +46,20 @@ def detect(ctx: Context) -> Finding | None:
     e_ratio = worse["e2e_p95"] / max(better["e2e_p95"], 1e-9)
     if worse["queue_p95"] < MIN_QUEUE_P95_MS or q_ratio < MIN_QUEUE_RATIO or e_ratio < MIN_E2E_RATIO:
         return None
-    who = "the heaviest tenants" if worse is h else "lighter tenants"
+    many = len(worse_rows) > 1
+    who = ("the heaviest tenants" if many else "the heaviest tenant") if worse is h else (
+        "lighter tenants" if many else "the lighter tenant")
     names = ", ".join(r["tenant"] for r in worse_rows[:5])
     evidence = [
         ev(
-            f"{who} ({names}) wait longer in the queue: p95 {ms(worse['queue_p95'])} vs "
+            f"{who} ({names}) {'wait' if many else 'waits'} longer in the queue: p95 {ms(worse['queue_p95'])} vs "
             f"{ms(better['queue_p95'])}; E2E p95 {ms(worse['e2e_p95'])} vs {ms(better['e2e_p95'])}",
             queue_p95_ms=worse["queue_p95"], baseline_queue_p95_ms=better["queue_p95"],
             e2e_p95_ms=worse["e2e_p95"], baseline_e2e_p95_ms=better["e2e_p95"],
         ),
         ev(
-            f"{', '.join(heavy_names[:5])} send {pct(acc / max(total, 1e-9))} of the "
+            f"{', '.join(heavy_names[:5])} {'send' if len(heavy_names) > 1 else 'sends'} "
+            f"{pct(acc / max(total, 1e-9))} of the "
             f"{'tokens' if use_tokens else 'requests'} across {len(tenants)} tenants",
             heavy_volume_share=acc / max(total, 1e-9), tenants=len(tenants),
         ),

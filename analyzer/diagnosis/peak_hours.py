@@ -71,6 +71,11 @@ def detect(ctx: Context) -> Finding | None:
         evidence=evidence,
         affected_trace_ids=affected,
         example_traces=examples,
+        fix_lead=(
+            f"Add capacity for the busy {label} ({arrival_ratio:.1f}× the usual arrivals): scale out "
+            "before them, or refuse the excess early (a concurrency limit answering 429) instead of "
+            "queueing it"
+        ),
     )
 
 

@@ -51,6 +51,7 @@ def detect(ctx: Context) -> Finding | None:
     svc = ctx.filters.service
     steps = ctx.one("diag_step_prefill", [lo, hi, svc, svc])
     linked = False
+    large = 0
     if steps.get("steps"):
         # large: the window's p90 prefill, or half its biggest when that is lower (with a
         # few big prompts the p90 lands on the very biggest, and a 1,200-token prefill that
@@ -82,4 +83,14 @@ def detect(ctx: Context) -> Finding | None:
         evidence=evidence,
         affected_trace_ids=affected,
         example_traces=examples,
+        fix_lead=chunked_prefill_fix(large) if linked else None,
+    )
+
+
+def chunked_prefill_fix(large_tokens: int) -> str:
+    """Gives the fix when stalls come with large prefills run whole beside the decodes."""
+    return (
+        f"Enable chunked prefill, with a per-step token budget well below the ≥ {large_tokens}-token "
+        "prefills that ran beside the stalled streams (vLLM --enable-chunked-prefill and a smaller "
+        "--max-num-batched-tokens, SGLang --chunked-prefill-size, TGI --max-batch-prefill-tokens)"
     )

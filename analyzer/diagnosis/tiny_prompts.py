@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms, pct
+from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms, pct, plural
 
 COMPLAINT = "tiny_prompts_slow"
 #: A prompt is "tiny" in the bottom quarter of the window, and never above this.
@@ -17,6 +17,12 @@ MIN_OVERHEAD_MS = 50.0
 #: queue is load (peak_hours, bad_in_production, gpu_saturation tell which), not a
 #: tiny-prompt problem; "slow even for tiny prompts" is about the wire and the gateway.
 LOAD_QUEUE_RATIO = 0.5
+#: The fix for where the time goes, said before the complaint's generic fix.
+FIX_LEAD = {
+    "network": "Network is {part} of their {e2e}: serve these users from a region near them",
+    "queue": "The server's queue is {part} of their {e2e}: look at what the gateway, middleware and "
+    "tokenization spend on a small request, and at how long it waits for the scheduler",
+}
 
 
 def _load_driven(tiny: dict[str, Any], rest: dict[str, Any]) -> bool:
@@ -38,30 +44,43 @@ def detect(ctx: Context) -> Finding | None:
     if share < MIN_OVERHEAD_SHARE or overhead < MIN_OVERHEAD_MS:
         return None
     cut = int(tiny["cut_tokens"])
-    network, queue = tiny["network_p50"] or 0.0, tiny["queue_p50"] or 0.0
-    where = "network" if network > queue else "queue"
+    # where the time goes, on one statistic: the sums over the tiny requests that spend at
+    # least half their E2E on network + queue (the requests the median share speaks of);
+    # network + queue + compute is their E2E, so the figures the evidence gives add up
+    k = int(tiny["bound_n"] or 0)
+    net_total, queue_total = float(tiny["bound_network_total"]), float(tiny["bound_queue_total"])
+    where = "network" if net_total > queue_total else "queue"
     rest = rows.get(False)
     if where == "queue" and rest and rest["n"] >= MIN_TINY and _load_driven(tiny, rest):
         return None
+    net_mean, queue_mean = net_total / max(k, 1), queue_total / max(k, 1)
+    compute_mean = float(tiny["bound_compute_total"]) / max(k, 1)
+    e2e_mean = net_mean + queue_mean + compute_mean
+    network_text = f"network {ms(net_mean)}" if tiny["bound_with_network"] else "network not measured"
     evidence = [
         ev(
-            f"for prompts of ≤ {cut} tokens, network + queue is {pct(share)} of E2E "
-            f"(median {ms(overhead)} of {ms(tiny['e2e_p50'])}); compute takes only {ms(tiny['compute_p50'])}",
-            prompt_tokens_max=cut, requests=tiny["n"], overhead_share=share,
-            overhead_p50_ms=overhead, e2e_p50_ms=tiny["e2e_p50"], compute_p50_ms=tiny["compute_p50"],
+            f"for prompts of ≤ {cut} tokens, {k} of {plural(tiny['n'], 'request')} ({pct(k / tiny['n'])}) "
+            f"spend at least half their E2E on network + queue (median share {pct(share)}; "
+            f"median network + queue {ms(overhead)})",
+            prompt_tokens_max=cut, requests=tiny["n"], overhead_bound_requests=k,
+            overhead_share=share, overhead_p50_ms=overhead,
+            e2e_p50_ms=tiny["e2e_p50"], compute_p50_ms=tiny["compute_p50"],
         ),
         ev(
-            f"median network {ms(network)}, median queue {ms(queue)}: most of it is {where}",
-            network_p50_ms=network, queue_p50_ms=queue,
+            f"{'that request takes' if k == 1 else f'those {k} take'} {ms(e2e_mean)} on average: "
+            f"{network_text} + queue {ms(queue_mean)} + compute {ms(compute_mean)}; most of it is {where}",
+            where=where, overhead_bound_e2e_mean_ms=e2e_mean, overhead_bound_network_mean_ms=net_mean,
+            overhead_bound_queue_mean_ms=queue_mean, overhead_bound_compute_mean_ms=compute_mean,
+            network_p50_ms=tiny["network_p50"] or 0.0, queue_p50_ms=tiny["queue_p50"] or 0.0,
         ),
     ]
     if rest and rest["n"]:
         evidence.append(
             ev(
-                f"larger prompts: network + queue {pct(rest['overhead_share'])} of E2E, "
-                f"median queue {ms(rest['queue_p50'])}",
+                f"larger prompts ({plural(rest['n'], 'request')}): median share {pct(rest['overhead_share'])}, "
+                f"median network + queue {ms(rest['overhead_p50'])}, median queue {ms(rest['queue_p50'])}",
                 baseline_overhead_share=rest["overhead_share"], baseline_requests=rest["n"],
-                baseline_queue_p50_ms=rest["queue_p50"],
+                baseline_overhead_p50_ms=rest["overhead_p50"], baseline_queue_p50_ms=rest["queue_p50"],
             )
         )
     affected, examples = ctx.traces(ctx.query("affected_tiny_prompts_slow", [cut]))
@@ -74,4 +93,7 @@ def detect(ctx: Context) -> Finding | None:
         evidence=evidence,
         affected_trace_ids=affected,
         example_traces=examples,
+        fix_lead=FIX_LEAD[where].format(
+            part=ms(net_mean if where == "network" else queue_mean), e2e=ms(e2e_mean)
+        ),
     )
