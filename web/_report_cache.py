@@ -37,8 +37,11 @@ class CachedReport:
     report: dict[str, Any]
     computed_at: float  # clock seconds
     compute_s: float
-    #: how many services the window's requests come from (findings of several mix them)
-    services: int = 0
+
+    @property
+    def services(self) -> int:
+        """How many services the window's requests come from (findings over several mix them)."""
+        return int(self.report.get("requests", {}).get("services") or 0)
 
 
 class ReportCache:
@@ -58,12 +61,8 @@ class ReportCache:
         started = self._clock()
         try:
             with self._db.cursor() as cur, time_limit(cur, REPORT_TIME_LIMIT_S):
-                filters = view.resolve(newest_start_ns(cur))
-                report = build_report(cur, filters)
-                cte, params = filters.cte()
-                row = cur.execute(f"{cte}\nSELECT count(DISTINCT service) FROM req", params).fetchone()
-            services = int(row[0]) if row and row[0] is not None else 0
-            entry = CachedReport(report, self._clock(), self._clock() - started, services)
+                report = build_report(cur, view.resolve(newest_start_ns(cur)))
+            entry = CachedReport(report, self._clock(), self._clock() - started)
             with self._lock:
                 self._entries[view] = entry
                 self._entries.move_to_end(view)
