@@ -4,7 +4,9 @@ The middleware is plain ASGI, so importing it pulls in neither Starlette nor
 FastAPI.  It opens a request span per HTTP request, continuing an incoming
 W3C `traceparent`, makes it `current_request()` for the handler (streaming
 bodies included), sets `http.route` once the router has matched, and records
-5xx answers and exceptions as errors.
+5xx answers and exceptions as errors (4xx answers are the client's: status
+recorded, span status left unset, as OpenTelemetry's HTTP conventions say for
+a server).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _GUARD = "_tokentrace_instrumented"
+#: Scope key naming the request an outer TokentraceMiddleware opened: a mounted sub-app
+#: instrumented too passes the request through instead of opening a second span for it.
+SCOPE_KEY = "tokentrace.request"
 
 
 def request_from_headers(
@@ -38,10 +43,26 @@ def request_from_headers(
     return request(headers=carrier, **kwargs)
 
 
-def _route_of(scope: Scope) -> str | None:
+def _route_of(scope: Scope, app_root_path: str) -> str | None:
+    """Gives the matched route template, from the app the middleware wraps.
+
+    A router inside a `Mount` writes its own route (`/items/{id}`) over the
+    mount's, and the mount's prefix only into `root_path`: the part of
+    `root_path` added since the middleware ran is put back in front
+    (`/sub/items/{id}`).  A mount's prefix is the path it matched, so a mount
+    path with parameters shows their values.
+    """
     route = scope.get("route")
     path = getattr(route, "path", None) or getattr(route, "path_format", None)
-    return str(path) if path else None
+    if not path:
+        return None
+    root = str(scope.get("root_path", ""))
+    prefix = root[len(app_root_path) :] if root.startswith(app_root_path) else ""
+    if not prefix:
+        return str(path)
+    if hasattr(route, "routes"):
+        return prefix  # the mount itself (a sub-app with no router): its prefix is its path
+    return prefix + str(path)
 
 
 class TokentraceMiddleware:
@@ -58,8 +79,26 @@ class TokentraceMiddleware:
         self.model = model
         self.exclude_paths = frozenset(exclude_paths)
 
+    def _excluded(self, scope: Scope) -> bool:
+        if not self.exclude_paths:
+            return False
+        path = scope.get("path")
+        if path in self.exclude_paths:
+            return True
+        # behind a `root_path` (uvicorn --root-path, a proxy's prefix) `path` carries it
+        # (ASGI; uvicorn and Starlette do so): `/health` is excluded as `/api/health` too
+        root = scope.get("root_path")
+        return bool(
+            root
+            and isinstance(path, str)
+            and path.startswith(root)
+            and path[len(root) :] in self.exclude_paths
+        )
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http" or scope.get("path") in self.exclude_paths:
+        if scope.get("type") != "http" or SCOPE_KEY in scope or self._excluded(scope):
+            # websockets and lifespan pass untouched; so does a request an outer
+            # middleware traces already (a sub-app instrumented as well as its parent)
             await self.app(scope, receive, send)
             return
         try:
@@ -74,6 +113,8 @@ class TokentraceMiddleware:
                     semconv.URL_PATH: str(scope.get("path", "")),
                 },
             )
+            app_root_path = str(scope.get("root_path", ""))
+            scope[SCOPE_KEY] = req
         except Exception as exc:  # the SDK's own failure must never reach the host
             log_once("ASGI request span", exc)
             await self.app(scope, receive, send)
@@ -95,9 +136,14 @@ class TokentraceMiddleware:
         finally:
             _current.reset(token)
             try:
-                route = _route_of(scope)
+                route = _route_of(scope, app_root_path)
                 if route:
                     req.set_attribute(semconv.ROUTE, route)
+                if not status and isinstance(error, Exception):
+                    # the exception left before any answer: the server (Starlette's
+                    # ServerErrorMiddleware, outside this one, or uvicorn) answers 500.
+                    # A cancellation (BaseException) is no answer at all.
+                    status.append(500)
                 if status:
                     req.set_attribute(semconv.HTTP_STATUS, status[0])
                     if status[0] >= 500 and error is None:

@@ -127,7 +127,9 @@ def _sniff_model(request: Any) -> str | None:
 def _after_response(cr: ClientRequest, response: Any, streaming: bool, async_: bool) -> None:
     try:
         cr.set_attribute(semconv.HTTP_STATUS, response.status_code)
-        if response.status_code >= 500:
+        if response.status_code >= 400:
+            # on a CLIENT span 4xx is an error too (OpenTelemetry's HTTP conventions):
+            # a 429 or a 404 is a call the user did not get an answer from
             cr.record_error(RuntimeError(f"HTTP {response.status_code}"))
         if streaming:
             sync_cls, async_cls = _streams(_package_of(response))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -12,8 +13,17 @@ from tokentrace.instrumentation._request import RequestTrace, _current
 _current_request = _current.get  # one C call: this runs once per tokenizer call
 
 #: Methods timed as "tokenize" / "detokenize"; everything else passes through untouched.
+#: `apply_chat_template` is how a chat model's prompt becomes ids (it renders the
+#: template and tokenizes inside the tokenizer, past the proxy).
 TOKENIZE_METHODS = frozenset(
-    {"encode", "encode_batch", "encode_plus", "batch_encode_plus", "__call__"}
+    {
+        "encode",
+        "encode_batch",
+        "encode_plus",
+        "batch_encode_plus",
+        "__call__",
+        "apply_chat_template",
+    }
 )
 DETOKENIZE_METHODS = frozenset({"decode", "decode_batch", "batch_decode"})
 
@@ -83,6 +93,24 @@ class TokenizerProxy(wrapt.ObjectProxy):  # type: ignore[misc]
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # transformers tokenizers and plain callables tokenize when called
         return _timed_call("tokenize", self.__wrapped__, self._self_request, args, kwargs)
+
+    # wrapt's proxy refuses copy and pickle (NotImplementedError); a tokenizer is
+    # copied (`copy.deepcopy`, a Trainer) and pickled (a DataLoader worker under
+    # spawn, `datasets.map(num_proc=...)`), so the proxy copies as a proxy of a copy.
+    def __copy__(self) -> TokenizerProxy:
+        return TokenizerProxy(copy.copy(self.__wrapped__), self._self_request)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> TokenizerProxy:
+        # the request is not copied: the copy times into the same one
+        return TokenizerProxy(copy.deepcopy(self.__wrapped__, memo), self._self_request)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # unpickled (in another process) as a proxy timing into that process's
+        # current request: a request held explicitly does not travel
+        return wrap_tokenizer, (self.__wrapped__,)
+
+    def __reduce__(self) -> Any:
+        return wrap_tokenizer, (self.__wrapped__,)
 
 
 def wrap_tokenizer(tokenizer: Any, request: RequestTrace | None = None) -> Any:
