@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -73,10 +74,12 @@ def make_app() -> FastAPI:
 
 
 @contextmanager
-def run_app(app: FastAPI, port: int) -> Iterator[str]:
-    """Serves `app` on 127.0.0.1:`port` in a thread; gives its base URL."""
+def run_app(app: FastAPI, port: int, **config: Any) -> Iterator[str]:
+    """Serves `app` on 127.0.0.1:`port` in a thread; gives its base URL.  `config`: more
+    uvicorn settings (`root_path`, `log_level`)."""
+    settings: dict[str, Any] = {"log_level": "warning", **config}
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+        uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", **settings)
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -12,9 +12,8 @@ import json
 import logging
 import pickle
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
@@ -458,26 +457,9 @@ def _server_app() -> tuple[FastAPI, FastAPI, dict[str, Any]]:
     return app, sub, seen
 
 
-@contextmanager
-def _serve(app: FastAPI, **config: Any) -> Iterator[str]:
-    """run_app with uvicorn settings (root_path)."""
-    import uvicorn
-
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=free_port(), log_level="critical", lifespan="off", **config
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{server.config.port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+def _serve(app: FastAPI, **config: Any) -> AbstractContextManager[str]:
+    """run_app on a free port with uvicorn settings (root_path), quiet."""
+    return run_app(app, free_port(), **{"log_level": "critical", **config})
 
 
 def _one_server_span(memory_sdk) -> Any:  # type: ignore[no-untyped-def]

@@ -38,22 +38,38 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostileServer]
 IDLE_NS = 600 * 10**9
 
 
-@pytest.fixture(scope="session")
-def edited(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
-    """A copy of the generated database with what real traffic has and the generator lacks:
-    requests of 10 s and more, requests without a tenant, and ten idle minutes mid-way."""
+def _edited_copy(
+    generated: tuple[Path, list[GeneratedRequest]],
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    *statements: tuple[str, list[Any]],
+) -> Iterator[WebServer]:
+    """Serves a copy of the generated database with `statements` (SQL, parameters) run on it."""
     src, requests = generated
-    db = tmp_path_factory.mktemp("webdb-edited") / "web.duckdb"
+    db = tmp_path_factory.mktemp(name) / "web.duckdb"
     shutil.copy(src, db)
     conn = duckdb.connect(str(db))
     try:
-        conn.execute("UPDATE requests SET e2e_ms = e2e_ms * 20")
-        conn.execute("UPDATE requests SET tenant = '' WHERE request_id IN ('req-0001', 'req-0002')")
-        conn.execute("UPDATE requests SET start_ns = start_ns + ? WHERE request_id >= 'req-0060'", [IDLE_NS])
+        for sql, params in statements:
+            conn.execute(sql, params)
     finally:
         conn.close()
     with explorer(db) as url:
         yield WebServer(url, db, requests)
+
+
+@pytest.fixture(scope="session")
+def edited(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
+    """A copy of the generated database with what real traffic has and the generator lacks:
+    requests of 10 s and more, requests without a tenant, and ten idle minutes mid-way."""
+    yield from _edited_copy(
+        generated,
+        tmp_path_factory,
+        "webdb-edited",
+        ("UPDATE requests SET e2e_ms = e2e_ms * 20", []),
+        ("UPDATE requests SET tenant = '' WHERE request_id IN ('req-0001', 'req-0002')", []),
+        ("UPDATE requests SET start_ns = start_ns + ? WHERE request_id >= 'req-0060'", [IDLE_NS]),
+    )
 
 
 #: The one-slice database's requests: ONE_SLICE_COUNT of them, ONE_SLICE_STEP_NS apart.
@@ -85,16 +101,12 @@ def one_slice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
 @pytest.fixture(scope="session")
 def two_services(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
     """A copy of the generated database whose second half of requests comes from another service."""
-    src, requests = generated
-    db = tmp_path_factory.mktemp("webdb-two-services") / "web.duckdb"
-    shutil.copy(src, db)
-    conn = duckdb.connect(str(db))
-    try:
-        conn.execute("UPDATE requests SET service = 'llm-server-b' WHERE request_id >= 'req-0060'")
-    finally:
-        conn.close()
-    with explorer(db) as url:
-        yield WebServer(url, db, requests)
+    yield from _edited_copy(
+        generated,
+        tmp_path_factory,
+        "webdb-two-services",
+        ("UPDATE requests SET service = 'llm-server-b' WHERE request_id >= 'req-0060'", []),
+    )
 
 
 @pytest.fixture(scope="module")
