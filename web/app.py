@@ -70,6 +70,13 @@ def error_status(exc: Exception) -> tuple[int, str]:
         return 503, str(exc)
     if isinstance(exc, StoreError):
         return 503, str(exc)
+    if isinstance(exc, duckdb.OutOfMemoryException):
+        # a long window over millions of requests outgrows DuckDB's memory bound
+        return 503, (
+            "the database ran out of memory computing this page over the whole window: pick a "
+            "shorter window (e.g. the last 24 h), or start `serve` with a bigger "
+            "--duckdb-memory-limit (default 256MB)"
+        )
     return 500, "internal error; see the server log"
 
 

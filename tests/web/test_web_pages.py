@@ -509,3 +509,20 @@ def test_the_site_has_a_favicon(web: WebServer) -> None:
     link = page.index('<link rel="icon"')
     href = page[link:].split('href="', 1)[1].split('"', 1)[0]
     assert httpx.get(href, timeout=30).status_code == 200
+
+
+def test_out_of_duckdbs_memory_is_a_503_that_says_what_to_do(generated: tuple[Path, object]) -> None:
+    """A window over millions of requests outgrew the 256MB bound: a bare 500 'internal error'
+    (an SRE measured it at 2.5 M requests); here a tiny bound does the same on a small file."""
+    from web_testkit import serving
+
+    from tokentrace.collector.settings import CollectorSettings
+    from tokentrace.web.app import create_web_app
+
+    app = create_web_app(CollectorSettings(db=generated[0]))
+    with serving(app) as url:
+        with app.state.db.cursor() as cur:  # the explorer's own read-only connection
+            cur.execute("SET memory_limit = '1MB'")
+        r = httpx.get(f"{url}/api/search", params={"limit": 500, "sort": "ttft_ms"}, timeout=60)
+        assert r.status_code == 503, (r.status_code, r.text[:300])
+        assert "ran out of memory" in r.json()["error"] and "--duckdb-memory-limit" in r.json()["error"]
