@@ -10,6 +10,7 @@ import sys
 import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from tokentrace import __version__
 from tokentrace.store.location import DB_ENV, DEFAULT_DB
@@ -102,6 +103,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     settings = resolve(explicit)
 
     def ready() -> None:
+        logging.getLogger("tokentrace").info(
+            "tokentrace serve settings: %s",
+            ", ".join(f"{k}={'***' if k == 'api_token' and v else v}" for k, v in vars_of(settings).items()),
+        )
         print(
             f"tokentrace {__version__}: OTLP/HTTP on http://{settings.host}:{settings.http_port}, "
             f"OTLP/gRPC on {settings.host}:{settings.grpc_port}, "
@@ -114,6 +119,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"tokentrace serve: warning: {warning}", file=sys.stderr, flush=True)
     serve(settings, ready)
     return 0
+
+
+def vars_of(settings: Any) -> dict[str, Any]:
+    """Gives a settings dataclass as {name: value}, in field order."""
+    return {name: getattr(settings, name) for name in settings.__dataclass_fields__}
 
 
 def exposure_warning(host: str, api_token: str | None) -> str | None:
@@ -224,6 +234,17 @@ def _add_remote(p: argparse.ArgumentParser) -> None:
     )
 
 
+class _WithParents:
+    """A subparsers action whose every `add_parser` gets the same parent parsers (`-v`)."""
+
+    def __init__(self, sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:  # type: ignore[type-arg]
+        self._sub = sub
+        self._parents = parents
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return self._sub.add_parser(name, parents=self._parents, **kwargs)  # type: ignore[no-any-return]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tokentrace",
@@ -233,6 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tokentrace {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # `tokentrace serve -v` as well as `tokentrace -v serve` (SUPPRESS: an absent -v
+    # after the command leaves the one before it alone)
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log more")
+    sub = _WithParents(sub, [verbose])
 
     _serve_parser(sub)
 
