@@ -71,7 +71,7 @@ def _filters(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     )
 
 
-def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _serve_parser(sub: _WithParents) -> None:
     from tokentrace.collector.settings import ENV, HELP, CollectorSettings, shown_default
 
     p = sub.add_parser(
@@ -253,12 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tokentrace {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     # `tokentrace serve -v` as well as `tokentrace -v serve` (SUPPRESS: an absent -v
     # after the command leaves the one before it alone)
     verbose = argparse.ArgumentParser(add_help=False)
     verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log more")
-    sub = _WithParents(sub, [verbose])
+    sub = _WithParents(subparsers, [verbose])
 
     _serve_parser(sub)
 
