@@ -169,6 +169,7 @@ class DecodePool:
         self._closed = False
         self.offloaded = 0
         self.fallbacks = 0
+        self.worker_restarts = 0  # pools replaced after a worker died
 
     def _pool(self) -> ProcessPoolExecutor:
         with self._lock:
@@ -187,6 +188,7 @@ class DecodePool:
         with self._lock:
             if self._executor is broken:
                 self._executor = None
+                self.worker_restarts += 1  # once per broken pool, however many decodes saw it
         broken.shutdown(wait=False, cancel_futures=True)
 
     async def decode(self, body: bytes) -> tuple[list[Span] | list[PackedTrace], Rejected]:

@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from tokentrace.collector.otlp import OtlpDecodeError, parse_trace_request, spans_from_request
 from tokentrace.collector.otlp_metrics import gpu_rows_from_request, parse_metrics_request
-from tokentrace.collector.pipeline import Pipeline
+from tokentrace.collector.pipeline import REFUSED_WRITER_BEHIND, Pipeline
 from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.writer import WriteBatch
 
@@ -64,7 +64,7 @@ class _TraceService:
                 m.spans_rejected.labels("grpc", why).inc(len(spans))
                 m.exports_refused.labels("grpc", "UNAVAILABLE").inc()
                 context.set_trailing_metadata((("retry-after", str(RETRY_AFTER_S)),))
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"{why.replace('_', ' ')}; retry later")
+                context.abort(grpc.StatusCode.UNAVAILABLE, self._pipeline.refusal_message(why))
             m.spans_accepted.labels("grpc").inc(len(spans))
         reply = ExportTraceServiceResponse()
         if rejected:
@@ -88,7 +88,10 @@ class _MetricsService:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if result.rows and not self._pipeline.add_engine_data(WriteBatch(gpu_samples=result.rows)):
             self._m.exports_refused.labels("grpc", "UNAVAILABLE").inc()
-            context.abort(grpc.StatusCode.UNAVAILABLE, "writer behind; retry later")
+            context.set_trailing_metadata((("retry-after", str(RETRY_AFTER_S)),))
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE, self._pipeline.refusal_message(REFUSED_WRITER_BEHIND)
+            )
         self._m.gpu_samples.inc(len(result.rows))
         reply = ExportMetricsServiceResponse()
         if result.rejected_points:

@@ -1,5 +1,5 @@
 """OTLP/HTTP receiver: POST /v1/traces and /v1/metrics (protobuf or JSON, optionally
-gzip), and the collector's Prometheus `/metrics`.
+gzip), the collector's Prometheus `/metrics` and its readiness `/readyz`.
 
 Answers follow the OTLP/HTTP spec: the reply is in the request's content type;
 400 for bad data, 413 over the size bound, 415 for an unknown type or encoding,
@@ -36,7 +36,7 @@ from tokentrace.collector.otlp import (
 )
 from tokentrace.collector.otlp_metrics import decode_metrics_json, decode_metrics_protobuf
 from tokentrace.collector.packed import PackedTrace, span_count
-from tokentrace.collector.pipeline import Pipeline
+from tokentrace.collector.pipeline import REFUSED_WRITER_BEHIND, Pipeline
 from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.writer import WriteBatch
 
@@ -206,7 +206,7 @@ def make_traces_endpoint(
             if why is not None:
                 m.spans_rejected.labels("http", why).inc(n_spans)
                 refused.labels("http", "503").inc()
-                return _error(503, f"{why.replace('_', ' ')}; retry later", reply_type)
+                return _error(503, pipeline.refusal_message(why), reply_type)
             accepted.inc(n_spans)
         return _partial(reply_type, rejected.count, rejected.message, "traces")
 
@@ -233,11 +233,30 @@ def make_metrics_endpoint(
             return _error(400, str(exc), reply_type)
         if result.rows and not pipeline.add_engine_data(WriteBatch(gpu_samples=result.rows)):
             m.exports_refused.labels("http", "503").inc()
-            return _error(503, "writer behind; retry later", reply_type)
+            return _error(503, pipeline.refusal_message(REFUSED_WRITER_BEHIND), reply_type)
         m.gpu_samples.inc(len(result.rows))
         return _partial(reply_type, result.rejected_points, result.message, "metrics")
 
     return otlp_metrics
+
+
+def make_readiness_endpoint(pipeline: Pipeline) -> Callable[[Request], Awaitable[Response]]:
+    """`GET /readyz`, unauthenticated: 200 `{"status": "ready"}` while exports are
+    taken, 503 `{"status": "unavailable", "reason": ...}` while they would be
+    refused: the store takes no writes (disk full, ...), the writer queue or
+    the tail buffer is full."""
+
+    async def readyz(request: Request) -> Response:
+        reason = pipeline.readiness()
+        if reason is None:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse(
+            {"status": "unavailable", "reason": reason},
+            status_code=503,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+
+    return readyz
 
 
 def make_prometheus_endpoint(metrics: CollectorMetrics) -> Callable[[Request], Awaitable[Response]]:
@@ -279,7 +298,8 @@ def create_http_app(
     decoder: DecodePool | None = None,
     bind_host: str = "127.0.0.1",
 ) -> Starlette:
-    """Gives the OTLP/HTTP ASGI app: /v1/traces, /v1/metrics and Prometheus /metrics.
+    """Gives the OTLP/HTTP ASGI app: /v1/traces, /v1/metrics, Prometheus /metrics
+    and the readiness probe /readyz.
 
     With a `decoder`, big protobuf trace exports are decoded in its worker
     processes.  Bound to a loopback `bind_host`, it answers only requests
@@ -293,6 +313,7 @@ def create_http_app(
                 "/v1/metrics", make_metrics_endpoint(pipeline, max_body_bytes, m), methods=["POST"]
             ),
             Route("/metrics", make_prometheus_endpoint(m), methods=["GET"]),
+            Route("/readyz", make_readiness_endpoint(pipeline), methods=["GET"]),
         ],
         middleware=[Middleware(LoopbackHostOnly)] if is_loopback(bind_host) else [],
     )

@@ -37,6 +37,9 @@ logger = logging.getLogger("tokentrace.collector")
 #: Refusal reasons of `offer()` (also the `reason` label of rejected spans).
 REFUSED_BUFFER_FULL = "buffer_full"
 REFUSED_WRITER_BEHIND = "writer_behind"
+#: How long the shutdown flush waits for room in the writer queue (the store
+#: may be refusing writes): after it, what could not be queued is logged as lost.
+CLOSE_WAIT_S = 30.0
 #: Above this share of the bound the decider evicts the oldest traces early ...
 HIGH_WATER = 0.9
 #: ... until the buffer is back under this share.
@@ -155,6 +158,9 @@ class Pipeline:
         self._clock = clock
         self.metrics = metrics if metrics is not None else CollectorMetrics()
         self.metrics.buffer_capacity.set(max_buffered_spans)
+        self.metrics.watch_store(
+            lambda: 1.0 if writer.store_writable else 0.0, lambda: writer.seconds_since_write
+        )
         self._lock = threading.Lock()
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
         # (receive time, trace id, parent span id or "" for a parentless root),
@@ -191,11 +197,37 @@ class Pipeline:
             return self._offer_packed(spans)  # type: ignore[arg-type]
         return self._offer_spans(spans)  # type: ignore[arg-type]
 
+    def readiness(self) -> str | None:
+        """Why receivers would refuse an export now (`/readyz`), None when ready."""
+        writer = self._writer
+        error = writer.store_error
+        if error is not None:
+            return (
+                f"store not writable for {writer.failing_for_seconds:.0f} s ({error}); "
+                f"{writer.pending} batches waiting"
+            )
+        if writer.pending >= writer.capacity:
+            return f"writer queue full ({writer.pending} of {writer.capacity} batches)"
+        if self._buffered >= self._max_spans:
+            return f"tail buffer full ({self._buffered} of {self._max_spans} spans)"
+        return None
+
+    def refusal_message(self, why: str) -> str:
+        """The message of a 503/UNAVAILABLE for the refusal reason `why`."""
+        error = self._writer.store_error if why == REFUSED_WRITER_BEHIND else None
+        text = why.replace("_", " ")
+        if error is not None:
+            text += f": the store takes no writes ({error})"
+        return text + "; retry later"
+
     def _refusal(self, received: int, fresh: int) -> str | None:
         """Counts what came in; gives why it cannot be taken (lock held)."""
         stats = self.stats
         stats.spans_received += received
-        if self._writer.pending >= self._writer.capacity:
+        writer = self._writer
+        # while the store refuses writes, nothing more is taken: what is buffered
+        # and queued waits for it, new exports are retried by their senders
+        if writer.pending >= writer.capacity or writer.store_error is not None:
             stats.spans_rejected += received
             return REFUSED_WRITER_BEHIND
         # an empty buffer takes any batch, so one big export always makes progress
@@ -310,7 +342,23 @@ class Pipeline:
 
     def add_engine_data(self, batch: WriteBatch) -> bool:
         """Engine steps and GPU samples bypass sampling: they are kept whole."""
+        if self._writer.store_error is not None:
+            return False
         return self._writer.submit(batch)
+
+    def _submit(self, batch: WriteBatch) -> None:
+        """Hands a decided batch to the writer, waiting for room (backpressure);
+        at shutdown the wait is bounded (the store may refuse writes for good)."""
+        if not self._stop.is_set():
+            self._writer.submit_wait(batch)
+            return
+        if not self._writer.submit_wait(batch, timeout=CLOSE_WAIT_S):
+            logger.error(
+                "tokentrace: shutting down with the writer queue full (store: %s): "
+                "%d request summaries, %d kept traces, %d late spans could not be queued",
+                self._writer.store_error or "writable", len(batch.requests), len(batch.kept),
+                len(batch.late_spans),
+            )  # fmt: skip
 
     # ---- decision side --------------------------------------------------------
     def _take(self, trace_id: str, out: list[tuple[str, _Pending]]) -> None:
@@ -369,7 +417,7 @@ class Pipeline:
             m.late_spans.labels("true").inc(len(late))
         if not ready:
             if late:
-                self._writer.submit_wait(WriteBatch(late_spans=late))
+                self._submit(WriteBatch(late_spans=late))
             return 0
         batch = WriteBatch(late_spans=late)
         wall = time.time_ns()
@@ -454,7 +502,7 @@ class Pipeline:
             m.duplicate_spans.labels("buffered").inc(duplicates)
         # Decisions must not be lost: wait for room in the writer queue (the
         # buffer then fills and receivers answer 503: backpressure, not loss).
-        self._writer.submit_wait(batch)
+        self._submit(batch)
         return len(ready)
 
     def _unsummarized(self, trace_id: str) -> Decision:

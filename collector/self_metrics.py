@@ -3,21 +3,60 @@
 Each `CollectorMetrics` has its own `CollectorRegistry` (no global state, so
 two collectors in one process, or one per test, never mix their counts).  It
 also carries histograms of the request summaries with vLLM's bucket
-boundaries, so a Prometheus/Grafana user gets latency dashboards for free.
+boundaries, so a Prometheus/Grafana user gets latency dashboards for free,
+and the process and Python metrics (`process_*`, `python_*`) of the collector.
+
+Every label value that comes from a client (the `model` of a request) is
+capped (`MAX_MODEL_LABELS`): a client sending random model names must not grow
+every scrape without bound.  `_created` series are off (`disable_created_metrics`,
+process-wide): they double the series count and no dashboard uses them.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.utils import floatToGoString
 
+from tokentrace import __version__
 from tokentrace.analyzer.summary import RequestSummary
+
+logger = logging.getLogger("tokentrace.collector")
+
+# `_created` series (one per counter/histogram series, a timestamp) double the
+# size of a scrape and Prometheus ignores them in the text format.  The switch
+# is process-wide in prometheus_client; the collector's metrics are the only
+# ones its process exposes.
+disable_created_metrics()
+
+#: Distinct values of a client-controlled label (the request's `model`) that get
+#: a series of their own; later values share `OTHER_LABEL`.
+MAX_MODEL_LABELS = 50
+#: The label value of everything past `MAX_MODEL_LABELS`.
+OTHER_LABEL = "other"
 
 #: vLLM's `vllm:time_to_first_token_seconds` buckets.
 TTFT_BUCKETS_S: tuple[float, ...] = (
@@ -54,10 +93,19 @@ REQUEST_HISTOGRAMS: tuple[tuple[str, str, Sequence[float], str], ...] = (
 
 
 class CollectorMetrics:
-    """Counters, gauges and histograms of one collector, in its own registry."""
+    """Counters, gauges and histograms of one collector, in its own registry.
 
-    def __init__(self) -> None:
+    `db`: the database file; its size and its WAL's (`<db>.wal`) are read at
+    each scrape.
+    """
+
+    def __init__(self, db: str | os.PathLike[str] | None = None) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        _register_runtime_collectors(r)
+        self.build_info = Gauge(
+            "tokentrace_build_info", "always 1; the tokentrace version as a label", ["version"], registry=r
+        )
+        self.build_info.labels(__version__).set(1)
         self.spans_received = Counter(
             "tokentrace_spans_received", "spans received by the OTLP receivers", ["protocol"], registry=r
         )
@@ -95,7 +143,10 @@ class CollectorMetrics:
             registry=r,
         )
         self.requests_summarized = Counter(
-            "tokentrace_requests_summarized", "request summaries written (every request)", registry=r
+            "tokentrace_requests_summarized",
+            "request summaries made at decision time, kept or not (counted before the write: "
+            "includes summaries whose rows the writer later dropped)",
+            registry=r,
         )
         self.gpu_samples = Counter(
             "tokentrace_gpu_samples", "GPU sample rows received over OTLP metrics", registry=r
@@ -112,15 +163,41 @@ class CollectorMetrics:
         self.writer_queue = Gauge(
             "tokentrace_writer_queue_batches", "batches waiting for the DuckDB writer", registry=r
         )
-        self.requests_written = Gauge(
-            "tokentrace_requests_written", "request summary rows committed to DuckDB", registry=r
+        self.writer_capacity = Gauge(
+            "tokentrace_writer_queue_capacity_batches", "bound of the DuckDB writer's queue", registry=r
         )
-        self.spans_written = Gauge(
-            "tokentrace_spans_written", "span rows of kept traces committed to DuckDB", registry=r
+        # the writer keeps these totals itself; `set()` them before each scrape
+        self.requests_written = RunningTotal(
+            "tokentrace_requests_written",
+            "request summary rows committed to DuckDB",
+            registry=r,
         )
-        self.write_errors = Gauge(
-            "tokentrace_write_errors", "DuckDB write transactions that failed", registry=r
+        self.spans_written = RunningTotal(
+            "tokentrace_spans_written",
+            "span rows committed to DuckDB (of kept traces, and late spans of kept traces)",
+            registry=r,
         )
+        self.write_errors = RunningTotal(
+            "tokentrace_write_errors",
+            "rows dropped because DuckDB would not take them, after their batch failed and was "
+            "retried row by row: each request summary, kept trace (with its spans), late span, "
+            "engine step or GPU sample counts one",
+            registry=r,
+        )
+        self.decode_worker_restarts = RunningTotal(
+            "tokentrace_decode_worker_restarts",
+            "decode worker pools replaced because a worker process died (OOM killer, kill); "
+            "the exports in flight were decoded in-process",
+            registry=r,
+        )
+        self.model_label_overflow = Counter(
+            "tokentrace_model_label_overflow",
+            f"request summaries counted under model=\"{OTHER_LABEL}\" because "
+            f"{MAX_MODEL_LABELS} distinct models already had their own label value",
+            registry=r,
+        )
+        if db is not None:
+            r.register(StoreFiles(db))
         self.decision_latency = Histogram(
             "tokentrace_decision_latency_seconds",
             "time from a trace's first span to its decision",
@@ -133,7 +210,8 @@ class CollectorMetrics:
             buckets=INTERNAL_BUCKETS_S,
             registry=r,
         )
-        self.request_histograms = RequestHistograms()
+        self.models = BoundedLabel("model", MAX_MODEL_LABELS, self.model_label_overflow.inc)
+        self.request_histograms = RequestHistograms(self.models)
         r.register(self.request_histograms)
         self._sources: list[Callable[[], None]] = []
 
@@ -145,11 +223,152 @@ class CollectorMetrics:
         """Registers a callback that refreshes gauges just before each scrape."""
         self._sources.append(refresh)
 
+    def watch_decoder(self, pool: _RestartCounting) -> None:
+        """Reports the decode pool's `worker_restarts` at each scrape."""
+        self.on_scrape(lambda: self.decode_worker_restarts.set(pool.worker_restarts))
+
     def render(self) -> tuple[bytes, str]:
         """Gives the Prometheus text exposition and its content type."""
         for refresh in self._sources:
             refresh()
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    # ---- store state (the store-failure work; kept apart from the metrics above) ----
+    def watch_store(self, writable: Callable[[], float], seconds_since_write: Callable[[], float]) -> None:
+        """Adds (once) the gauges of the DuckDB store's state, read at each scrape:
+        `tokentrace_store_writable` (1, or 0 while writes fail and are retried) and
+        `tokentrace_store_seconds_since_write` (since the last committed write)."""
+        if not hasattr(self, "store_writable"):
+            r = self.registry
+            self.store_writable = Gauge(
+                "tokentrace_store_writable",
+                "1 while DuckDB takes writes, 0 while they fail (rows wait and are retried; receivers answer 503)",
+                registry=r,
+            )
+            self.store_seconds_since_write = Gauge(
+                "tokentrace_store_seconds_since_write",
+                "seconds since the writer last committed a transaction (grows while idle too)",
+                registry=r,
+            )
+        self.store_writable.set_function(writable)
+        self.store_seconds_since_write.set_function(seconds_since_write)
+
+
+def _register_runtime_collectors(registry: CollectorRegistry) -> None:
+    """The `process_*` (CPU, RSS, open fds, start time; Linux /proc), `python_info`
+    and `python_gc_*` metrics, as the default registry has them."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+
+
+class _RestartCounting(Protocol):
+    @property
+    def worker_restarts(self) -> int: ...
+
+
+class RunningTotal:
+    """A counter whose value is a running total kept elsewhere (the writer's
+    row counts): `set(total)` before a scrape, exposed as `<name>_total` of
+    type counter.  The total must only grow, as a counter's does."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self._value = 0.0
+        registry.register(self)
+
+    def set(self, total: float) -> None:
+        self._value = float(total)
+
+    def get(self) -> float:
+        return self._value
+
+    def describe(self) -> list[Metric]:
+        return [CounterMetricFamily(self.name, self.documentation)]
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(self.name, self.documentation, value=self._value)
+
+
+class StoreFiles:
+    """The database file's and its WAL's sizes, `os.stat` at each scrape.  No
+    WAL file (everything checkpointed) is 0 bytes; a database file that cannot
+    be read gives no sample."""
+
+    def __init__(self, db: str | os.PathLike[str]) -> None:
+        self.db = os.fspath(db)
+
+    def describe(self) -> list[Metric]:
+        return list(self._families())
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily("tokentrace_db_size_bytes", "size of the DuckDB database file"),
+            GaugeMetricFamily("tokentrace_db_wal_size_bytes", "size of the DuckDB write-ahead log (<db>.wal)"),
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        db, wal = self._families()
+        try:
+            db.add_metric([], os.stat(self.db).st_size)
+        except OSError:
+            pass
+        try:
+            wal.add_metric([], os.stat(self.db + ".wal").st_size)
+        except FileNotFoundError:
+            wal.add_metric([], 0)
+        except OSError:
+            pass
+        yield db
+        yield wal
+
+
+class BoundedLabel:
+    """The values of one client-controlled label, capped: the first `limit`
+    distinct values keep their own, later ones become `OTHER_LABEL` (each one
+    counted through `on_overflow`; a warning is logged the first time)."""
+
+    def __init__(self, name: str, limit: int, on_overflow: Callable[[float], None]) -> None:
+        self.name = name
+        self.limit = limit
+        self._on_overflow = on_overflow
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+        self.overflowed = False
+
+    def __call__(self, value: str) -> str:
+        """Gives the label value for `value` (itself, or `OTHER_LABEL`)."""
+        return self.map([value])[0]
+
+    def map(self, values: Sequence[str]) -> list[str]:
+        """Gives the label value of each of `values`, counting the overflow once."""
+        seen = self._seen
+        out = list(values)
+        if all(v in seen for v in out):  # the common case, no lock (set reads are atomic)
+            return out
+        other = 0
+        with self._lock:
+            for i, v in enumerate(out):
+                if v in seen:
+                    continue
+                if len(seen) < self.limit:
+                    seen.add(v)
+                    continue
+                out[i] = OTHER_LABEL
+                other += 1
+            first = other and not self.overflowed
+            self.overflowed = self.overflowed or bool(other)
+        if first:
+            logger.warning(
+                "tokentrace: more than %d distinct %s values; later ones are reported as "
+                '%s="%s" in /metrics',
+                self.limit, self.name, self.name, OTHER_LABEL,
+            )  # fmt: skip
+        if other:
+            self._on_overflow(other)
+        return out
 
 
 class RequestHistograms:
@@ -162,23 +381,27 @@ class RequestHistograms:
     cumulative `_bucket`/`_count`/`_sum` series.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, models: BoundedLabel | None = None) -> None:
         self._lock = threading.Lock()
+        if models is None:
+            models = BoundedLabel("model", MAX_MODEL_LABELS, lambda n: None)
+        self._models = models
         # per histogram: model -> [count per bucket (+Inf last)..., sum in seconds]
         self._series: list[dict[str, list[float]]] = [{} for _ in REQUEST_HISTOGRAMS]
 
     def observe(self, requests: Sequence[RequestSummary]) -> None:
+        models = self._models.map([req.model for req in requests])
         with self._lock:
             for (_, field, buckets, _), series in zip(REQUEST_HISTOGRAMS, self._series, strict=True):
                 size = len(buckets) + 1
-                for req in requests:
+                for req, model in zip(requests, models, strict=True):
                     value = getattr(req, field)
                     if value is None:
                         continue
                     seconds = value / 1000.0
-                    counts = series.get(req.model)
+                    counts = series.get(model)
                     if counts is None:
-                        counts = series[req.model] = [0] * (size + 1)
+                        counts = series[model] = [0] * (size + 1)
                     counts[bisect_left(buckets, seconds)] += 1  # first bound >= value: Prometheus' `le`
                     counts[size] += seconds
 

@@ -25,13 +25,14 @@ from tokentrace.collector.otlp import (
     spans_from_request,
 )
 from tokentrace.collector.pipeline import Pipeline
+from tokentrace.collector.retention import Retention
 from tokentrace.collector.sampling import P99Tracker, Sampler, SloLimits, parse_rules
 from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.settings import CollectorSettings
 from tokentrace.collector.writer import Writer
 from tokentrace.store.connection import open_db
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
-from tokentrace.store.serve_note import remove_note, write_note
+from tokentrace.store.serve_note import remove_note, unclean_stop, write_note
 
 logger = logging.getLogger("tokentrace.collector")
 
@@ -41,7 +42,7 @@ class Collector:
 
     def __init__(self, settings: CollectorSettings) -> None:
         self.settings = settings
-        self.metrics = CollectorMetrics()
+        self.metrics = CollectorMetrics(db=settings.db)
         self.conn = open_db(
             settings.db,
             memory_limit=settings.duckdb_memory_limit,
@@ -79,24 +80,31 @@ class Collector:
             metrics=self.metrics,
         )
         self.metrics.on_scrape(self._refresh_gauges)
+        # --retention: deletes old rows on its own cursor (collector/retention.py says why that is safe)
+        self.retention = Retention(self.conn, settings.retention_s) if settings.retention_s else None
 
     def _refresh_gauges(self) -> None:
         m = self.metrics
         m.buffered_spans.set(self.pipeline.buffered_spans)
         m.buffered_traces.set(self.pipeline.buffered_traces)
         m.writer_queue.set(self.writer.pending)
+        m.writer_capacity.set(self.writer.capacity)
         m.write_errors.set(self.writer.write_errors)
         m.requests_written.set(self.writer.requests_written)
         m.spans_written.set(self.writer.spans_written)
 
     def start(self) -> None:
         self.pipeline.start()
+        if self.retention is not None:
+            self.retention.start()
 
     def close(self) -> None:
         """Decides and writes everything buffered, then closes the database; runs once."""
         if self._closed:
             return
         self._closed = True
+        if self.retention is not None:
+            self.retention.close()  # before the writer's final CHECKPOINT
         self.pipeline.close()
         self.writer.close()
         self.conn.close()
@@ -245,6 +253,8 @@ class CollectorServer:
             if settings.decode_processes
             else None
         )
+        if self.decoder is not None:
+            self.collector.metrics.watch_decoder(self.decoder)
         self._thread: threading.Thread | None = None
         self._restore_gc: Any = None
         self._stopped = False
@@ -323,6 +333,14 @@ class CollectorServer:
         )  # fmt: skip
         self._restore_gc = tune_for_ingest()
         if self._web_started:  # `report --db` on the held file then names this URL
+            killed = unclean_stop(s.db)  # its note outlived it: it never flushed
+            if killed is not None:
+                logger.warning(
+                    "tokentrace serve: the previous serve of %s (pid %d) did not stop cleanly "
+                    "(killed or crashed): what it had acknowledged but not yet decided and "
+                    "written (its tail buffer, up to --grace-s after each trace's end) was lost",
+                    s.db, killed,
+                )  # fmt: skip
             write_note(s.db, self.web_url, token_required=bool(s.api_token))
         return self
 

@@ -35,6 +35,7 @@ class CollectorSettings:
     p99_min_samples: int = 100
     max_pending_writes: int = 256
     decode_processes: int = 1
+    retention: str | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -65,6 +66,16 @@ class CollectorSettings:
         from tokentrace.collector.sampling import parse_rules
 
         parse_rules(self.keep_rules)  # a malformed rule fails here, at start-up
+        self.retention_s  # noqa: B018 - a malformed duration fails here, at start-up
+
+    @property
+    def retention_s(self) -> float | None:
+        """`retention` in seconds; None (unset, empty or `none`): keep everything."""
+        if self.retention is None or self.retention.strip().lower() in ("", "none"):
+            return None
+        from tokentrace.collector.retention import parse_duration
+
+        return parse_duration(self.retention)
 
 
 #: Environment variable of each setting.
@@ -96,6 +107,8 @@ HELP: dict[str, str] = {
     "max_pending_writes": "batches the DuckDB writer may queue; beyond it receivers answer 503",
     "decode_processes": "worker processes that decode big OTLP/HTTP protobuf exports off the GIL"
     " (0: decode everything in the collector process)",
+    "retention": "delete data older than this: 7d, 36h, 90m, 3600s, 1d12h (a unit is required;"
+    " none keeps everything); the file then stops growing but never shrinks",
 }
 
 

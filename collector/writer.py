@@ -37,6 +37,43 @@ def itl_histograms(gap_lists: Sequence[Sequence[float]]) -> list[list[int]]:
 
 logger = logging.getLogger("tokentrace.collector")
 
+#: Errors about the store, not the rows: the disk is full or failing, DuckDB ran
+#: out of memory or invalidated the database, the connection is in a bad state.
+#: The rows are kept and retried (`Writer`), never dropped or bisected.
+STORE_ERRORS: tuple[type[BaseException], ...] = (
+    duckdb.IOException,
+    duckdb.OutOfMemoryException,
+    duckdb.FatalException,
+    duckdb.InternalException,
+    duckdb.TransactionException,
+    duckdb.ConnectionException,
+    duckdb.PermissionException,
+    duckdb.InterruptException,
+    OSError,
+    MemoryError,
+)
+#: ... and these words in any error's message (a wrapped IOException).
+_STORE_WORDS = (
+    "no space left", "disk full", "out of space", "quota exceeded", "read-only file system",
+    "database has been invalidated", "i/o error", "input/output error",
+)  # fmt: skip
+#: Backoff between retries of a write the store refused: first, then doubled up to the last.
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 10.0
+
+
+def is_store_error(exc: BaseException) -> bool:
+    """Whether a failed write is the store's fault (retry it all later) rather
+    than a row's (find the row, drop it)."""
+    if isinstance(exc, STORE_ERRORS):
+        return True
+    text = str(exc).lower()
+    return any(word in text for word in _STORE_WORDS)
+
+
+class _GaveUp(Exception):
+    """The store stayed unwritable until the writer's close deadline."""
+
 
 @dataclass(slots=True)
 class KeptTrace:
@@ -142,6 +179,27 @@ def _pieces(batch: WriteBatch) -> list[WriteBatch]:
     ]  # fmt: skip
 
 
+def _rows(batch: WriteBatch) -> list[object]:
+    return [*batch.requests, *batch.kept, *batch.late_spans, *batch.engine_steps, *batch.gpu_samples]
+
+
+def _rollback(conn: duckdb.DuckDBPyConnection, original: BaseException, quiet: bool = False) -> None:
+    """Rolls back after a failed write.  When ROLLBACK fails too (DuckDB
+    already ended the transaction: "cannot rollback - no transaction is
+    active"), that is logged with the original error as its cause and the
+    caller raises the original: it, not the ROLLBACK's, says what went wrong."""
+    try:
+        conn.execute("ROLLBACK")
+    except Exception as rollback_error:
+        rollback_error.__cause__ = original
+        logger.log(
+            logging.DEBUG if quiet else logging.WARNING,
+            "tokentrace: ROLLBACK after a failed write failed too (%s); the write's error: %s: %s",
+            rollback_error, type(original).__name__, original,
+            exc_info=rollback_error,
+        )  # fmt: skip
+
+
 def _describe(piece: WriteBatch) -> str:
     if piece.requests:
         return f"request of trace {piece.requests[0].trace_id}"
@@ -174,11 +232,46 @@ class Writer:
         self.gpu_samples_written = 0
         self.write_errors = 0
         self.last_write_seconds = 0.0
+        # batches taken off the queue and not written yet (coalesced, or waiting
+        # for the store to take them again)
+        self._held = 0
+        # store state: the error of the current outage (None while writes work),
+        # when it began, retries so far, most batches that waited in it
+        self._store_error: BaseException | None = None
+        self._failing_since = 0.0
+        self._failed_attempts = 0
+        self._most_waiting = 0
+        self._last_ok = time.monotonic()
+        #: rows dropped because the store stayed unwritable until close's deadline
+        self.rows_lost_at_close = 0
+        self._deadline: float | None = None
+        self._wake = threading.Event()
         self._thread.start()
 
     @property
     def pending(self) -> int:
-        return self._queue.qsize()
+        """Batches waiting: queued, and taken by the writer but not yet written."""
+        return self._queue.qsize() + self._held
+
+    @property
+    def store_error(self) -> str | None:
+        """Why the store takes no writes now (the original error), None while it does."""
+        exc = self._store_error
+        return None if exc is None else f"{type(exc).__name__}: {exc}"
+
+    @property
+    def store_writable(self) -> bool:
+        return self._store_error is None
+
+    @property
+    def failing_for_seconds(self) -> float:
+        """How long writes have been failing (0 while they work)."""
+        return time.monotonic() - self._failing_since if self._store_error is not None else 0.0
+
+    @property
+    def seconds_since_write(self) -> float:
+        """Seconds since the last committed write (since start before the first)."""
+        return time.monotonic() - self._last_ok
 
     @property
     def capacity(self) -> int:
@@ -211,12 +304,20 @@ class Writer:
             time.sleep(0.01)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Writes what is queued, then stops the thread; safe to call twice."""
+        """Writes what is queued, then stops the thread; safe to call twice.
+
+        Should the store refuse writes until `timeout` has passed, what is still
+        waiting is dropped and logged (`rows_lost_at_close`): shutdown is bounded."""
         if self._stopped:
             return
         self._stopped = True
-        self._queue.put(None)
-        self._thread.join(timeout)
+        self._deadline = time.monotonic() + timeout
+        self._wake.set()  # a writer waiting out a backoff retries now
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            pass  # the writer gives up at the deadline and stops anyway
+        self._thread.join(max(0.0, self._deadline - time.monotonic()) + RETRY_MAX_S)
         try:
             self._conn.execute("CHECKPOINT")
         except duckdb.Error:
@@ -241,18 +342,106 @@ class Writer:
                     stop = True
                     break
                 items.append(nxt)
+            self._held = len(items)
+            gave_up = False
             try:
-                try:
-                    self._write(items)
-                except Exception:
-                    logger.exception("tokentrace: write of %d batches failed; retrying them apart", len(items))
-                    self._write_apart(items)
+                self._write_items(items)
+            except _GaveUp:
+                gave_up = True
+                self._give_up(items, stop)
             finally:
+                self._held = 0
                 for _ in items:
                     self._queue.task_done()
+            if gave_up:
+                return
             if stop:
                 self._queue.task_done()
                 return
+
+    def _write_items(self, items: list[WriteBatch]) -> None:
+        try:
+            self._write_retrying(items)
+        except _GaveUp:
+            raise
+        except Exception:
+            logger.exception("tokentrace: write of %d batches failed; retrying them apart", len(items))
+            self._write_apart(items)
+
+    def _write_retrying(self, items: list[WriteBatch]) -> None:
+        """Writes the batches in one transaction.  While the store refuses
+        writes (`is_store_error`) the same batches are retried with a backoff,
+        the ones behind them wait in the queue (which fills: receivers answer
+        503); nothing is dropped.  Raises the error of a row DuckDB will not
+        take, or `_GaveUp` past close's deadline."""
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                self._write(items)
+            except Exception as exc:
+                if not is_store_error(exc):
+                    raise
+                self._store_failed(exc, len(items))
+                deadline = self._deadline
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise _GaveUp from exc
+                wait = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
+                self._wake.wait(wait)
+                self._wake.clear()
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            self._store_recovered()
+            return
+
+    def _store_failed(self, exc: BaseException, in_hand: int) -> None:
+        waiting = self._queue.qsize() + max(self._held, in_hand)
+        self._failed_attempts += 1
+        self._most_waiting = max(self._most_waiting, waiting)
+        if self._store_error is None:
+            self._failing_since = time.monotonic()
+            self._store_error = exc
+            logger.error(
+                "tokentrace: the store takes no writes (%s: %s); keeping %d batches and "
+                "retrying every %.1f-%.0f s, receivers answer 503 once the queue is full",
+                type(exc).__name__, exc, waiting, RETRY_FIRST_S, RETRY_MAX_S,
+                exc_info=exc,
+            )  # fmt: skip
+        else:
+            self._store_error = exc  # the latest reason, for /readyz
+
+    def _store_recovered(self) -> None:
+        self._last_ok = time.monotonic()
+        if self._store_error is None:
+            return
+        logger.warning(
+            "tokentrace: the store takes writes again after %.1f s (%d failed attempts); "
+            "%d batches waited, none lost",
+            time.monotonic() - self._failing_since, self._failed_attempts, self._most_waiting,
+        )  # fmt: skip
+        self._store_error = None
+        self._failed_attempts = 0
+        self._most_waiting = 0
+
+    def _give_up(self, items: list[WriteBatch], stop_taken: bool) -> None:
+        """At close's deadline with the store still failing: drops what waits (logged)."""
+        lost = list(items)
+        if stop_taken:  # the close sentinel came with `items`
+            self._queue.task_done()
+        while True:
+            try:
+                nxt = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            self._queue.task_done()
+            if nxt is not None:
+                lost.append(nxt)
+        rows = sum(len(_rows(b)) for b in lost)
+        self.rows_lost_at_close += rows
+        logger.error(
+            "tokentrace: shutting down with the store still failing (%s): %d batches "
+            "(%d rows) could not be written",
+            self.store_error, len(lost), rows,
+        )  # fmt: skip
 
     def _write_apart(self, items: list[WriteBatch]) -> None:
         """Writes every row that DuckDB takes after a failed write: one value it
@@ -277,7 +466,10 @@ class Writer:
         mid = len(pieces) // 2
         for half in (pieces[:mid], pieces[mid:]):
             try:
-                self._write(half)
+                # a store failure here waits and retries, like any write
+                self._write_retrying(half)
+            except _GaveUp:
+                raise
             except Exception as exc:
                 errors.append(exc)
                 self._bisect(half, failed, errors)
@@ -344,8 +536,9 @@ class Writer:
                 conn.execute(f"INSERT INTO gpu_samples ({names}) SELECT {names} FROM _new_gpu")  # noqa: S608 - fixed keys from the metrics decoder
                 conn.unregister("_new_gpu")
             conn.execute("COMMIT")
-        except Exception:
-            conn.execute("ROLLBACK")
+        except Exception as exc:
+            # logged once an outage, not at every retry
+            _rollback(conn, exc, quiet=self._store_error is not None)
             raise
         self.rows_written += len(requests) + len(spans) + len(steps) + len(samples)
         self.requests_written += len(requests)

@@ -39,6 +39,16 @@ def remove_note(db: Path) -> None:
         note_path(db).unlink(missing_ok=True)
 
 
+def unclean_stop(db: Path) -> int | None:
+    """Gives the pid of a serve of `db` that ended without removing its note (killed:
+    `kill -9`, the OOM killer, a crash), None when the last one stopped cleanly."""
+    try:
+        pid = int(json.loads(note_path(db).read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return None if pid == os.getpid() or _alive(pid) else pid
+
+
 def read_note(db: Path) -> dict[str, Any] | None:
     """Gives the note of a serve that is still running, else None."""
     try:
