@@ -162,7 +162,7 @@ def run(seconds: float, traces_per_export: int, grace_s: float, extra: list[str]
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 text = httpx.get(f"{endpoint}/metrics").text
-                if metric(text, "tokentrace_requests_written") >= sent_traces:
+                if metric(text, "tokentrace_requests_written_total") >= sent_traces:
                     break
                 time.sleep(0.05)
             elapsed = time.perf_counter() - t0
@@ -174,11 +174,11 @@ def run(seconds: float, traces_per_export: int, grace_s: float, extra: list[str]
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
-    written = metric(text, "tokentrace_requests_written")
+    written = metric(text, "tokentrace_requests_written_total")
     return {
         "spans_accepted": load.spans_accepted,
         "requests_written": written,
-        "spans_kept_written": metric(text, "tokentrace_spans_written"),
+        "spans_kept_written": metric(text, "tokentrace_spans_written_total"),
         "refusals_retried": load.retries,
         "errors": len(load.errors),
         "elapsed_s": elapsed,
