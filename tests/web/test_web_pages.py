@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -511,18 +512,23 @@ def test_the_site_has_a_favicon(web: WebServer) -> None:
     assert httpx.get(href, timeout=30).status_code == 200
 
 
-def test_out_of_duckdbs_memory_is_a_503_that_says_what_to_do(generated: tuple[Path, object]) -> None:
+def test_out_of_duckdbs_memory_is_a_503_that_says_what_to_do(
+    generated: tuple[Path, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """A window over millions of requests outgrew the 256MB bound: a bare 500 'internal error'
     (an SRE measured it at 2.5 M requests); here a tiny bound does the same on a small file."""
-    from web_testkit import serving
+    from web_testkit import explorer
 
-    from tokentrace.collector.settings import CollectorSettings
-    from tokentrace.web.app import create_web_app
+    from tokentrace.web import _db
 
-    app = create_web_app(CollectorSettings(db=generated[0]))
-    with serving(app) as url:
-        with app.state.db.cursor() as cur:  # the explorer's own read-only connection
-            cur.execute("SET memory_limit = '1MB'")
+    def tiny_bound(path: Path) -> duckdb.DuckDBPyConnection:
+        # set when the explorer opens its connection: once it holds data, a lower bound is refused
+        return duckdb.connect(str(path), read_only=True, config={"memory_limit": "1MB"})
+
+    monkeypatch.setattr(_db, "open_read_only", tiny_bound)
+    db = tmp_path / "copy.duckdb"  # a file no other connection of this process holds
+    shutil.copy(generated[0], db)
+    with explorer(db) as url:
         r = httpx.get(f"{url}/api/search", params={"limit": 500, "sort": "ttft_ms"}, timeout=60)
         assert r.status_code == 503, (r.status_code, r.text[:300])
         assert "ran out of memory" in r.json()["error"] and "--duckdb-memory-limit" in r.json()["error"]
