@@ -190,6 +190,17 @@ class CollectorMetrics:
             "the exports in flight were decoded in-process",
             registry=r,
         )
+        self.store_writable = Gauge(
+            "tokentrace_store_writable",
+            "1 while DuckDB takes writes, 0 while they fail (rows wait and are retried; receivers answer 503)",
+            registry=r,
+        )
+        self.store_writable.set(1)  # until `watch_store` hands over the writer's own state
+        self.store_seconds_since_write = Gauge(
+            "tokentrace_store_seconds_since_write",
+            "seconds since the writer last committed a transaction (grows while idle too)",
+            registry=r,
+        )
         self.model_label_overflow = Counter(
             "tokentrace_model_label_overflow",
             f"request summaries counted under model=\"{OTHER_LABEL}\" because "
@@ -235,21 +246,9 @@ class CollectorMetrics:
 
     # ---- store state (the store-failure work; kept apart from the metrics above) ----
     def watch_store(self, writable: Callable[[], float], seconds_since_write: Callable[[], float]) -> None:
-        """Adds (once) the gauges of the DuckDB store's state, read at each scrape:
+        """Reads the gauges of the DuckDB store's state from these at each scrape:
         `tokentrace_store_writable` (1, or 0 while writes fail and are retried) and
         `tokentrace_store_seconds_since_write` (since the last committed write)."""
-        if not hasattr(self, "store_writable"):
-            r = self.registry
-            self.store_writable = Gauge(
-                "tokentrace_store_writable",
-                "1 while DuckDB takes writes, 0 while they fail (rows wait and are retried; receivers answer 503)",
-                registry=r,
-            )
-            self.store_seconds_since_write = Gauge(
-                "tokentrace_store_seconds_since_write",
-                "seconds since the writer last committed a transaction (grows while idle too)",
-                registry=r,
-            )
         self.store_writable.set_function(writable)
         self.store_seconds_since_write.set_function(seconds_since_write)
 
