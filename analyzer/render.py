@@ -6,6 +6,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
+from tokentrace._words import counted, noun
 from tokentrace.analyzer.report import BUCKETS, PERCENTILES
 
 
@@ -32,15 +33,6 @@ def no_requests_message(report: dict[str, Any]) -> str:
     if (report.get("window") or {}).get("filters"):
         return f"No requests match {describe_window(report)}."
     return "No requests in this window yet: point your server's OTLP exporter at the collector."
-
-
-def noun(n: int | None, one: str) -> str:
-    return one if n == 1 else one + "s"
-
-
-def counted(n: int | None, one: str) -> str:
-    """Gives '1 kept trace' / '3 kept traces'."""
-    return f"{n} {noun(n, one)}"
 
 
 def format_ms(v: float | None) -> str:

@@ -104,13 +104,13 @@ class TokenizerProxy(wrapt.ObjectProxy):  # type: ignore[misc]
         # the request is not copied: the copy times into the same one
         return TokenizerProxy(copy.deepcopy(self.__wrapped__, memo), self._self_request)
 
-    def __reduce_ex__(self, protocol: Any) -> Any:
+    def __reduce__(self) -> Any:
         # unpickled (in another process) as a proxy timing into that process's
         # current request: a request held explicitly does not travel
         return wrap_tokenizer, (self.__wrapped__,)
 
-    def __reduce__(self) -> Any:
-        return wrap_tokenizer, (self.__wrapped__,)
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self.__reduce__()  # wrapt's proxy refuses both: pickle asks for this one
 
 
 def wrap_tokenizer(tokenizer: Any, request: RequestTrace | None = None) -> Any:

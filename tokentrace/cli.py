@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tokentrace import __version__
+from tokentrace._words import counted
 from tokentrace.store.location import DB_ENV, DEFAULT_DB
 
 EXIT_USAGE = 2
@@ -105,7 +107,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     def ready() -> None:
         logging.getLogger("tokentrace").info(
             "tokentrace serve settings: %s",
-            ", ".join(f"{k}={'***' if k == 'api_token' and v else v}" for k, v in vars_of(settings).items()),
+            ", ".join(f"{k}={'***' if k == 'api_token' and v else v}" for k, v in dataclasses.asdict(settings).items()),
         )
         print(
             f"tokentrace {__version__}: OTLP/HTTP on http://{settings.host}:{settings.http_port}, "
@@ -119,11 +121,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"tokentrace serve: warning: {warning}", file=sys.stderr, flush=True)
     serve(settings, ready)
     return 0
-
-
-def vars_of(settings: Any) -> dict[str, Any]:
-    """Gives a settings dataclass as {name: value}, in field order."""
-    return {name: getattr(settings, name) for name in settings.__dataclass_fields__}
 
 
 def exposure_warning(host: str, api_token: str | None) -> str | None:
@@ -146,22 +143,18 @@ def _cmd_import(args: argparse.Namespace) -> int:
     settings = resolve({"db": args.db, "baseline": args.baseline})
     counts = import_files(settings, args.files)
     print(
-        f"imported {_count(counts['spans'], 'span')} from {_count(counts['files'], 'file')}: "
-        f"{_count(counts['requests'], 'request')}, {_count(counts['kept_traces'], 'trace')} kept "
+        f"imported {counted(counts['spans'], 'span')} from {counted(counts['files'], 'file')}: "
+        f"{counted(counts['requests'], 'request')}, {counted(counts['kept_traces'], 'trace')} kept "
         f"whole → {settings.db}"
     )
     if counts["kept_traces"] < counts["traces"] and settings.baseline < 1:
         print(
-            f"  the spans of {_count(counts['traces'] - counts['kept_traces'], 'trace')} were not "
+            f"  the spans of {counted(counts['traces'] - counts['kept_traces'], 'trace')} were not "
             f"kept (tail sampling: unremarkable, baseline {settings.baseline}); every request "
             "has its summary. --baseline 1 keeps every trace whole."
         )
     return 0
 
-
-def _count(n: int, noun: str) -> str:
-    """`1 request`, `2 requests`."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 @contextlib.contextmanager

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tokentrace._words import counted
+
 if TYPE_CHECKING:
     from tokentrace.collector.service import CollectorServer
 
@@ -113,10 +115,7 @@ def summarize_findings(report: dict[str, Any]) -> list[str]:
     findings = report.get("findings") or []
     req = report["requests"]
     kept = req["kept_traces"]
-    lines = [
-        f"  {req['count']} request{'' if req['count'] == 1 else 's'} traced, "
-        f"{kept} full trace{'' if kept == 1 else 's'} kept"
-    ]
+    lines = [f"  {counted(req['count'], 'request')} traced, {counted(kept, 'full trace')} kept"]
     if not findings:
         return [*lines, "  diagnosis: no complaint found"]
     top = findings[0]

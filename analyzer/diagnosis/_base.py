@@ -139,11 +139,6 @@ def ms(x: float | None) -> str:
     return f"{x / 1000:.2f} s" if abs(round(x)) >= 1000 else f"{x:.0f} ms"
 
 
-def plural(n: int, one: str, many: str | None = None) -> str:
-    """Gives '1 request' / '3 requests' (`many` for irregular plurals)."""
-    return f"{n} {one if n == 1 else (many or one + 's')}"
-
-
 def ev(text: str, **numbers: Any) -> dict[str, Any]:
     """One piece of evidence: a sentence and the numbers in it."""
     clean = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in numbers.items()}

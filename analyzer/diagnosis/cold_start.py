@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms, plural
+from tokentrace._words import counted
+from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms
 
 COMPLAINT = "cold_start"
 MIN_WARM = 20
@@ -29,7 +30,7 @@ def detect(ctx: Context) -> Finding | None:
         return None
     evidence = [
         ev(
-            f"{plural(cold['n'], 'cold request')} on {plural(cold['instances'], 'instance')} "
+            f"{counted(cold['n'], 'cold request')} on {counted(cold['instances'], 'instance')} "
             f"waited {ms(cold['wait_p50'])} "
             f"for the first token (p50) vs {ms(warm['wait_p50'])} once warm ({ratio:.1f}×)",
             cold_requests=cold["n"], instances=cold["instances"], cold_ttft_p50_ms=cold["wait_p50"],

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms, pct, plural
+from tokentrace._words import counted
+from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms, pct
 
 COMPLAINT = "tiny_prompts_slow"
 #: A prompt is "tiny" in the bottom quarter of the window, and never above this.
@@ -59,7 +60,7 @@ def detect(ctx: Context) -> Finding | None:
     network_text = f"network {ms(net_mean)}" if tiny["bound_with_network"] else "network not measured"
     evidence = [
         ev(
-            f"for prompts of ≤ {cut} tokens, {k} of {plural(tiny['n'], 'request')} ({pct(k / tiny['n'])}) "
+            f"for prompts of ≤ {cut} tokens, {k} of {counted(tiny['n'], 'request')} ({pct(k / tiny['n'])}) "
             f"spend at least half their E2E on network + queue (median share {pct(share)}; "
             f"median network + queue {ms(overhead)})",
             prompt_tokens_max=cut, requests=tiny["n"], overhead_bound_requests=k,
@@ -77,7 +78,7 @@ def detect(ctx: Context) -> Finding | None:
     if rest and rest["n"]:
         evidence.append(
             ev(
-                f"larger prompts ({plural(rest['n'], 'request')}): median share {pct(rest['overhead_share'])}, "
+                f"larger prompts ({counted(rest['n'], 'request')}): median share {pct(rest['overhead_share'])}, "
                 f"median network + queue {ms(rest['overhead_p50'])}, median queue {ms(rest['queue_p50'])}",
                 baseline_overhead_share=rest["overhead_share"], baseline_requests=rest["n"],
                 baseline_overhead_p50_ms=rest["overhead_p50"], baseline_queue_p50_ms=rest["queue_p50"],
