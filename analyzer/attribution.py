@@ -61,17 +61,31 @@ def _calls_beside(view: TraceView, served: list[Span]) -> list[RequestSummary]:
     clients = genai_client.outer_clients(view)
     if not clients:
         return []
+    # Each span is visited once however the requests nest (a chain of n requests
+    # walked up and down from each would cost n^2/2: a hostile export's DoS).
     claimed: set[str] = set()
     for root in served:
-        top = root
-        for top in view.ancestors(root):
-            claimed.add(top.span_id)
-        if top.parent_span_id:
+        if root.span_id in claimed:  # an ancestor of a request seen already: checked above
+            continue
+        claimed.add(root.span_id)
+        top, joined = root, False
+        for above in view.ancestors(root):
+            if above.span_id in claimed:  # the rest of the way up is claimed and checked
+                joined = True
+                break
+            claimed.add(above.span_id)
+            top = above
+        if not joined and top.parent_span_id:
             # a lost span above the request: any client span may be its caller
             return []
-        claimed.add(root.span_id)
     clients = [c for c in clients if c.span_id not in claimed]
     if clients:  # rarely: only then walk down (a client span inside a request is part of it)
-        for root in served:
-            claimed.update(d.span_id for d in view.descendants(root))
+        below: set[str] = set()
+        stack = [c for root in served for c in view.children.get(root.span_id, ())]
+        while stack:
+            s = stack.pop()
+            if s.span_id not in below:
+                below.add(s.span_id)
+                stack.extend(view.children.get(s.span_id, ()))
+        claimed |= below
     return [genai_client.summarize_client(view, c) for c in clients if c.span_id not in claimed]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +26,9 @@ class EngineStep:
     kv_usage: float | None = None
     gpu_us: int | None = None
     request_ids: list[str] = field(default_factory=list)
+    #: host time of the step's timed forward passes (`instrument_model`): its gap to
+    #: `gpu_us` is launch / sync overhead; None when the step timed none
+    forward_host_us: int | None = None
 
 
 def _at(values: Any, i: int, default: Any) -> Any:
@@ -33,17 +38,28 @@ def _at(values: Any, i: int, default: Any) -> Any:
         return default
 
 
-_INF = float("inf")
+#: The store's BIGINT (times, durations) and INTEGER (counts) columns: a value beyond
+#: them is no measurement (and would make DuckDB refuse the step's row).
+_BIGINT = 2**63
+_MAX_COUNT = 2**31 - 1
 
 
 def _int(value: Any, default: int) -> int:
-    """Gives a list element as an int, `default` when it is none (a string, NaN, null)."""
-    if value.__class__ is int:
-        return value  # type: ignore[no-any-return]
-    try:
-        return int(value)
-    except (TypeError, ValueError, OverflowError):
-        return default
+    """Gives a list element as an int, `default` when it is none (a string, NaN, null,
+    beyond a BIGINT)."""
+    if value.__class__ is not int:
+        try:
+            value = int(value)
+        except (TypeError, ValueError, OverflowError):
+            return default
+    return value if -_BIGINT <= value < _BIGINT else default  # type: ignore[no-any-return]
+
+
+def _count(value: Any) -> int:
+    """Gives a count element (tokens, sequences, queue depth): 0, as unmeasured, when it
+    is none, below zero or beyond the INTEGER column (like FLAG_IMPOSSIBLE_COUNT)."""
+    number = _int(value, 0)
+    return number if 0 <= number <= _MAX_COUNT else 0
 
 
 def _known(value: Any) -> float | None:
@@ -52,7 +68,7 @@ def _known(value: Any) -> float | None:
         number = float(value)
     except (TypeError, ValueError, OverflowError):
         return None
-    return number if 0 <= number < _INF else None  # NaN fails the comparison too
+    return number if 0 <= number < _BIGINT else None  # NaN and inf fail the comparison too
 
 
 #: TGI's batch traces: a root `batch` span (`batch_size`) whose `prefill` / `decode`
@@ -67,11 +83,7 @@ def _tgi_batch_steps(spans: Sequence[Span]) -> list[EngineStep]:
     for s in spans:
         if s.name not in TGI_STEPS or s.parent_span_id not in batches:
             continue
-        size = s.attributes.get("size", s.attributes.get("batch_size", 0))
-        try:
-            size = int(size)
-        except (TypeError, ValueError):
-            size = 0
+        size = _count(s.attributes.get("size", s.attributes.get("batch_size", 0)))
         steps.append(
             EngineStep(
                 service=s.service_name,
@@ -88,20 +100,122 @@ def _tgi_batch_steps(spans: Sequence[Span]) -> list[EngineStep]:
     return steps
 
 
+#: The most steps read from one `tokentrace.engine.steps` span.  The SDK sends at most
+#: 512 (instrumentation/_steps.py MAX_STEPS_PER_SPAN); any sender may write more, and a
+#: packed list is cheap to send: an 8 KB gzip export held 4,000,000 steps (~1.2 GB of
+#: `EngineStep`s and as many rows).  The rest are dropped, counted and logged once.
+MAX_STEPS_PER_SPAN = 4096
+#: The most steps read from one trace's batch spans (the SDK makes each batch span a
+#: trace of its own): what one trace hands the writer stays bounded however many
+#: batch spans it holds.
+MAX_STEPS_PER_TRACE = 65_536
+#: A packed list string up to this long is parsed whole (a list of 4096 numbers takes
+#: ~82 KB); a longer one only as far as the steps read (`_packed_head`): parsing it
+#: whole would build every element first.
+_PARSE_WHOLE_CHARS = 128 * 1024
+
+
+class _StepCap:
+    """What the caps above dropped in this process (`dropped_steps()`), and whether it
+    was logged."""
+
+    dropped = 0
+    logged = False
+
+
+def dropped_steps() -> int:
+    """Gives how many engine steps the caps (MAX_STEPS_PER_SPAN / _PER_TRACE) dropped
+    in this process."""
+    return _StepCap.dropped
+
+
+_decode_one = json.JSONDecoder().raw_decode
+_spaces = re.compile(r"[ \t\n\r]*")
+
+
+def _skip(text: str, i: int) -> int:
+    """Gives the index of the first character at or after `i` that is no JSON space."""
+    found = _spaces.match(text, i)
+    return i if found is None else found.end()
+
+
+def _packed_head(value: str, limit: int) -> tuple[list[Any], int]:
+    """Gives the first `limit` elements of the JSON array string `value`, parsing no
+    further, and how many it holds (those not read counted by their commas: exact
+    for numbers).  Raises ValueError when `value` is no JSON array."""
+    i = _skip(value, 0)
+    if not value.startswith("[", i):
+        raise ValueError(f"not a JSON list ({len(value)} characters)")
+    i = _skip(value, i + 1)
+    items: list[Any] = []
+    if value.startswith("]", i):
+        return items, 0
+    while len(items) < limit:
+        item, i = _decode_one(value, i)
+        items.append(item)
+        i = _skip(value, i)
+        if value.startswith("]", i):
+            return items, len(items)
+        if not value.startswith(",", i):
+            raise ValueError(f"not a JSON list: no ',' or ']' at character {i} of {len(value)}")
+        i = _skip(value, i + 1)
+    return items, limit + 1 + value.count(",", i)  # one follows at i, one more a comma
+
+
+def _head_list(attributes: Mapping[str, Any], key: str, limit: int) -> tuple[list[Any], int]:
+    """Gives the first `limit` elements of the list attribute `key` (packed or an OTLP
+    array; [] when absent or unreadable, as `list_attr`) and how many it holds."""
+    value = attributes.get(key)
+    try:
+        if value.__class__ not in (str, bytes) or len(value) <= _PARSE_WHOLE_CHARS:
+            items = list_attr(attributes, key)  # small, or decoded already
+            return items[:limit], len(items)
+        text = value.decode() if isinstance(value, bytes) else value
+        return _packed_head(text, limit)
+    except (ValueError, RecursionError) as exc:  # as list_attr does (RecursionError: nesting)
+        if key not in _warned:
+            _warned.add(key)
+            logger.warning("span attribute %s is unreadable and is ignored: %s", key, exc)
+        return [], 0
+
+
+def _dropped(span: Span, carried: int, read: int) -> None:
+    """Counts the steps of `span` beyond the caps; logs the first time."""
+    _StepCap.dropped += carried - read
+    if not _StepCap.logged:
+        _StepCap.logged = True
+        logger.warning(
+            "an engine-step batch span of service %r carries %d steps, of which %d are read "
+            "(at most %d a span and %d a trace; the tokentrace SDK sends at most 512 a span): "
+            "the rest are dropped; further ones are dropped without a word",
+            span.service_name, carried, read, MAX_STEPS_PER_SPAN, MAX_STEPS_PER_TRACE,
+        )  # fmt: skip
+
+
 def extract_engine_steps(spans: Sequence[Span]) -> list[EngineStep]:
-    """Gives every engine step carried by `tokentrace.engine.steps` spans or TGI batch traces."""
+    """Gives every engine step carried by `tokentrace.engine.steps` spans or TGI batch
+    traces; of the former at most MAX_STEPS_PER_SPAN a span, MAX_STEPS_PER_TRACE in all."""
     steps: list[EngineStep] = _tgi_batch_steps(spans)
+    left = MAX_STEPS_PER_TRACE  # steps the trace's batch spans may still give
     for span in spans:
         if span.name != sc.SPAN_ENGINE_STEPS:
             continue
         a = span.attributes
-        starts = list_attr(a, sc.STEP_START_NS)
-        # every list is read once per span (packed lists are JSON strings)
-        kvs, gpus, ids_per_step, durations, prefills, decodes, sizes, queues = (
-            list_attr(a, key)
+        starts, carried = _head_list(a, sc.STEP_START_NS, min(MAX_STEPS_PER_SPAN, left))
+        if carried > len(starts):
+            _dropped(span, carried, len(starts))
+        if not starts:
+            continue
+        left -= len(starts)
+        n = len(starts)
+        # every list is read once per span (packed lists are JSON strings), as far as
+        # the steps read
+        kvs, gpus, hosts, ids_per_step, durations, prefills, decodes, sizes, queues = (
+            _head_list(a, key, n)[0]
             for key in (
                 sc.STEP_KV_USAGE,
                 sc.STEP_GPU_US,
+                sc.STEP_FORWARD_HOST_US,
                 sc.STEP_REQUEST_IDS,
                 sc.STEP_DURATION_US,
                 sc.STEP_PREFILL_TOKENS,
@@ -120,6 +234,7 @@ def extract_engine_steps(spans: Sequence[Span]) -> list[EngineStep]:
                 unplaced += 1
                 continue
             gpu = _known(_at(gpus, i, -1))
+            host = _known(_at(hosts, i, -1))
             ids = _at(ids_per_step, i, "")
             steps.append(
                 EngineStep(
@@ -127,13 +242,14 @@ def extract_engine_steps(spans: Sequence[Span]) -> list[EngineStep]:
                     instance=instance,
                     start_ns=start_ns,
                     duration_us=_int(_at(durations, i, 0), 0),
-                    prefill_tokens=_int(_at(prefills, i, 0), 0),
-                    decode_seqs=_int(_at(decodes, i, 0), 0),
-                    batch_size=_int(_at(sizes, i, 0), 0),
-                    queue_depth=_int(_at(queues, i, 0), 0),
+                    prefill_tokens=_count(_at(prefills, i, 0)),
+                    decode_seqs=_count(_at(decodes, i, 0)),
+                    batch_size=_count(_at(sizes, i, 0)),
+                    queue_depth=_count(_at(queues, i, 0)),
                     kv_usage=_known(_at(kvs, i, -1)),
                     gpu_us=None if gpu is None else int(gpu),
                     request_ids=[r for r in str(ids).split(",") if r],
+                    forward_host_us=None if host is None else int(host),
                 )
             )
         if unplaced and sc.STEP_START_NS not in _warned:

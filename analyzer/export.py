@@ -18,6 +18,10 @@ MS_DECIMALS = 3
 _MS_SCALE = 10**MS_DECIMALS
 #: `start` in CSV and JSON lines: ISO 8601, UTC, microseconds, `Z`.
 START_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+#: `start` in Parquet (and the Arrow table): microseconds since the epoch, marked UTC
+#: (Parquet `isAdjustedToUTC`, DuckDB TIMESTAMPTZ), so Polars, pyarrow and DuckDB
+#: read it back as a UTC instant rather than a wall-clock time of no zone.
+START_ARROW_TYPE = ("us", "UTC")
 
 
 def _is_ms(name: str) -> bool:
@@ -31,7 +35,7 @@ def _round_ms(v: float) -> float:
 
 
 def requests_table(conn: duckdb.DuckDBPyConnection, filters: Filters, limit: int | None = None) -> Any:
-    """Gives the filtered requests as an Arrow table, oldest first, with an ISO `start`."""
+    """Gives the filtered requests as an Arrow table, oldest first, with `start` a UTC timestamp."""
     where, params = filters.where()
     cols = ", ".join(c if c != "start_ns" else "start_ns, make_timestamp(start_ns // 1000) AS start" for c in COLUMNS)
     sql = f"SELECT {cols} FROM requests {where} ORDER BY start_ns"  # noqa: S608 - fixed column names, bound values
@@ -39,7 +43,19 @@ def requests_table(conn: duckdb.DuckDBPyConnection, filters: Filters, limit: int
         sql += " LIMIT ?"
         params = [*params, int(limit)]
     # the relation API hands Arrow over without the DB-API's extra copy
-    return conn.sql(sql, params=params).to_arrow_table()
+    return _start_in_utc(conn.sql(sql, params=params).to_arrow_table())
+
+
+def _start_in_utc(table: Any) -> Any:
+    """Gives `table` with `start` marked UTC.  DuckDB's TIMESTAMP arrives zone-less; its
+    microseconds are since the UTC epoch (`make_timestamp` of `start_ns`), so the cast only
+    labels them.  Done in Arrow, not as a TIMESTAMPTZ in SQL: DuckDB would hand that over
+    in the connection's TimeZone setting, not in UTC."""
+    import pyarrow as pa
+
+    utc = pa.timestamp(*START_ARROW_TYPE)
+    i = table.schema.get_field_index("start")
+    return table.set_column(i, pa.field("start", utc), table.column(i).cast(utc))
 
 
 def write_requests(
@@ -56,7 +72,7 @@ def write_requests(
     out = out or sys.stdout.buffer
     if fmt == "jsonl":
         ms_cols = [name for name in table.column_names if _is_ms(name)]
-        for row in table.to_pylist():
+        for row in _start_as_utc_clock(table).to_pylist():
             row["start"] = row["start"].strftime(START_FORMAT) if row["start"] is not None else None
             for name in ms_cols:
                 if row[name] is not None:
@@ -92,10 +108,22 @@ def _for_text(table: Any) -> Any:
             scaled = pc.round(pc.multiply(table.column(i), float(_MS_SCALE)))
             table = table.set_column(i, field, pc.divide(scaled, float(_MS_SCALE)))
         elif field.name == "start" and pa.types.is_timestamp(field.type):
-            start = pc.strftime(table.column(i), format=START_FORMAT.replace(".%f", ""))
+            # the zone-less UTC clock reading (as `_start_as_utc_clock`): no zone to look up
+            clock = table.column(i).cast(pa.timestamp(field.type.unit))
+            start = pc.strftime(clock, format=START_FORMAT.replace(".%f", ""))
             # strftime's %S gives the fraction at the column's unit (µs); Z after it
             table = table.set_column(i, pa.field("start", pa.string()), start)
     return table
+
+
+def _start_as_utc_clock(table: Any) -> Any:
+    """Gives `table` with `start` as the zone-less UTC clock reading the text formats write
+    (with their `Z`): formatting it then needs no time-zone database, in Arrow or Python."""
+    import pyarrow as pa
+
+    i = table.schema.get_field_index("start")
+    clock = pa.timestamp(START_ARROW_TYPE[0])
+    return table.set_column(i, pa.field("start", clock), table.column(i).cast(clock))
 
 
 #: A text cell a spreadsheet would run as a formula (OWASP "CSV injection").

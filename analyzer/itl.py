@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from tokentrace.analyzer.summary import RequestSummary
 
-#: A gap is a stall when it is this many times the request's median gap and at
-#: least STALL_MIN_MS long: the user sees the stream freeze.
+#: A gap is a stall when it is longer than this many times the request's median
+#: gap and longer than STALL_MIN_MS: the user sees the stream freeze.
 STALL_FACTOR = 4.0
 STALL_MIN_MS = 50.0
 

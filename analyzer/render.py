@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from typing import Any
 
 from tokentrace._words import counted, noun
 from tokentrace.analyzer.report import BUCKETS, PERCENTILES
+
+#: What a terminal would act on rather than show: C0 and C1 controls (escape sequences
+#: can forge links, erase lines, set the title; a newline forges a report line), DEL,
+#: the Unicode line separators and the bidirectional overrides that reorder text.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _shown(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: object) -> str:
+    """Gives `text` (a value that came from spans: a tenant, an environment, a service)
+    with every character a terminal would act on written out as `\\xNN` / `\\uNNNN`."""
+    return _UNPRINTABLE.sub(_shown, str(text))
 
 
 def _when(ns: int) -> str:
@@ -24,7 +41,7 @@ def describe_window(report: dict[str, Any]) -> str:
         if key in ("start_ns", "end_ns"):
             parts.append(f"{'since' if key == 'start_ns' else 'until'} {_when(value)}")
         else:
-            parts.append(f"{key.replace('_', '-')} {value}")
+            parts.append(f"{key.replace('_', '-')} {printable(value)}")
     return " · ".join(parts)
 
 
@@ -128,18 +145,22 @@ def render_text(report: dict[str, Any]) -> str:
         mixed = mixed_services_note(report)
         lines += [f"  {FINDINGS_ORDER}", *([f"  {mixed}"] if mixed else [])]
     for i, f in enumerate(findings, 1):
-        lines.append(f"  {i}. [{f['complaint']}] {f['title']}  (confidence {format_confidence(f['confidence'])})")
+        lines.append(
+            f"  {i}. [{printable(f['complaint'])}] {printable(f['title'])}"
+            f"  (confidence {format_confidence(f['confidence'])})"
+        )
         for ev in f.get("evidence", []):
-            lines.append(f"       - {ev if isinstance(ev, str) else ev.get('text', ev)}")
-        lines.append(f"       fix first: {f['fix_first']}")
+            lines.append(f"       - {printable(ev if isinstance(ev, str) else ev.get('text', ev))}")
+        lines.append(f"       fix first: {printable(f['fix_first'])}")
         if f.get("example_traces"):
-            lines.append(f"       example traces: {', '.join(f['example_traces'][:3])}")
+            lines.append(f"       example traces: {printable(', '.join(f['example_traces'][:3]))}")
     return "\n".join(lines) + "\n"
 
 
 def _md_escape(text: object) -> str:
-    """Escapes the characters markdown tables and emphasis would read."""
-    s = str(text)
+    """Escapes the characters markdown tables and emphasis would read (and, as in text,
+    those a terminal would act on)."""
+    s = printable(text)
     for ch in ("\\", "|", "*", "_", "`", "<", ">", "[", "]"):
         s = s.replace(ch, "\\" + ch)
     return s

@@ -44,7 +44,7 @@ def list_attr(attributes: Mapping[str, Any], key: str) -> list[Any]:
         return []
     try:
         return unpack_list(value)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: a list nested past Python's JSON depth
         if key not in _warned:
             _warned.add(key)
             logger.warning(

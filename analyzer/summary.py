@@ -18,6 +18,9 @@ FLAG_NO_TOKEN_TIMES = "no_token_times"
 FLAG_ROOT_MISSING = "root_missing"
 #: Only the client side was traced: the wait before the first token is not split.
 FLAG_SERVER_UNSEEN = "server_unseen"
+#: Token times but no prefill phase (tokentrace SDK): the wait before the first token
+#: cannot be split, and all of it is counted as queue (`other`), prefill as 0.
+FLAG_PREFILL_UNMARKED = "prefill_unmarked"
 #: A reported count could not be one (below zero, or beyond what the store holds): dropped.
 FLAG_IMPOSSIBLE_COUNT = "impossible_count"
 #: A reported time could not be one (NaN, ±inf, negative, beyond 2^63−1 ns; a span or

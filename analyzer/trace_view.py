@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from tokentrace.analyzer.spans import KIND_CLIENT, Span
@@ -26,8 +26,14 @@ class TraceView:
         for s in spans:
             if s.parent_span_id:
                 self.children[s.parent_span_id].append(s)
+        # by span id, of the spans `by_id` holds: the outermost ancestor (`top`) and the
+        # nearest CLIENT ancestor (`client_span_of`), filled as they are asked for
+        self._top: dict[str, Span] = {}
+        self._client: dict[str, Span | None] = {}
 
-    def descendants(self, span: Span) -> Iterable[Span]:
+    def descendants(self, span: Span, until: str | None = None) -> Iterator[Span]:
+        """Gives the spans below `span`; `until`: a span of that name is neither given nor
+        entered (a nested request's spans are its own)."""
         # a sender's parent ids may loop (a span its own parent): each span once
         seen = {span.span_id}
         stack = list(self.children.get(span.span_id, ()))
@@ -36,6 +42,8 @@ class TraceView:
             if s.span_id in seen:
                 continue
             seen.add(s.span_id)
+            if s.name == until:
+                continue
             yield s
             stack.extend(self.children.get(s.span_id, ()))
 
@@ -47,12 +55,70 @@ class TraceView:
             yield parent
             parent = self.by_id.get(parent.parent_span_id)
 
+    def top(self, span: Span) -> Span:
+        """Gives the last of `ancestors(span)`, `span` itself when it has none.  Remembered
+        for every span on the way, so that asking it of each span of a trace costs the
+        spans once (a chain of n requests would otherwise walk n^2/2 parents)."""
+        if self.by_id.get(span.span_id) is not span:  # a repeated span id: not remembered
+            above = list(self.ancestors(span))
+            return above[-1] if above else span
+        if span.span_id not in self._top:
+            self._climb(span)
+        return self._top[span.span_id]
+
     def client_span_of(self, server_span: Span) -> Span | None:
-        """Gives the nearest CLIENT-kind ancestor: the user's side of this request."""
-        for a in self.ancestors(server_span):
-            if a.kind == KIND_CLIENT:
-                return a
-        return None
+        """Gives the nearest CLIENT-kind ancestor: the user's side of this request
+        (remembered as `top` is)."""
+        if self.by_id.get(server_span.span_id) is not server_span:
+            return next((a for a in self.ancestors(server_span) if a.kind == KIND_CLIENT), None)
+        if server_span.span_id not in self._client:
+            self._climb(server_span)
+        return self._client[server_span.span_id]
+
+    def _climb(self, span: Span) -> None:
+        """Fills `_top` and `_client` for `span` and each span its walk up passes, as
+        `ancestors` walks: up to a span without a parent here, to a span filled before,
+        or around a loop of parent ids (each span's walk ends where it would meet a span
+        it has passed: in a loop, just before itself)."""
+        tops, clients, by_id = self._top, self._client, self.by_id
+        path: list[Span] = []
+        at: dict[str, int] = {}
+        s = span
+        while True:
+            at[s.span_id] = len(path)
+            path.append(s)
+            parent = by_id.get(s.parent_span_id)
+            if parent is None or parent.span_id in tops or parent.span_id in at:
+                break
+            s = parent
+        if parent is None:  # the walk ends at the last span of the path
+            top, nearest, upto = path[-1], None, len(path)
+        elif parent.span_id in tops:  # ... at a span filled before: its answers go on
+            top = tops[parent.span_id]
+            nearest = parent if parent.kind == KIND_CLIENT else clients[parent.span_id]
+            upto = len(path)
+        else:  # a loop: path[j:] goes round it, path[:j] leads into it
+            j = at[parent.span_id]
+            loop = path[j:]
+            n = len(loop)
+            nearest, nearest_at = None, -1
+            for x in range(2 * n - 1, -1, -1):  # twice round: "after" wraps
+                member = loop[x % n]
+                if x < n:
+                    # the nearest client after it, itself not counted
+                    clients[member.span_id] = nearest if nearest_at < x + n else None
+                    tops[member.span_id] = loop[x - 1]  # the one before it (x = 0: the last)
+                if member.kind == KIND_CLIENT:
+                    nearest, nearest_at = member, x
+            # a span leading into the loop walks it once round, from its entry
+            top = path[-1]
+            nearest = next((x for x in loop if x.kind == KIND_CLIENT), None)
+            upto = j
+        for s in reversed(path[:upto]):
+            tops[s.span_id] = top
+            clients[s.span_id] = nearest
+            if s.kind == KIND_CLIENT:
+                nearest = s
 
     def first_attr(self, keys: Sequence[str], spans: Iterable[Span], default: Any = "") -> Any:
         """Gives the first of `keys` found on `spans` (attributes, then resource)."""

@@ -92,7 +92,7 @@ WHERE r.kept
 STEPS_SQL = """
 INSERT INTO engine_steps
 SELECT 'vllm', 'pod-0', {t0} + i * 20000000, 18000, CASE WHEN i % 50 = 0 THEN 3000 ELSE 0 END,
-       32, 32, (i % 7)::INTEGER, 0.5 + (i % 40) / 100.0, NULL, []::VARCHAR[]
+       32, 32, (i % 7)::INTEGER, 0.5 + (i % 40) / 100.0, NULL, []::VARCHAR[], NULL
 FROM range(180000) t(i)
 """
 

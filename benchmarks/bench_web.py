@@ -93,7 +93,7 @@ def populate(db: Path, n: int) -> str:
         conn.execute(
             f"""INSERT INTO engine_steps
             SELECT 'llm-server', 'pod-' || (s % 8), {BASE_NS} + s * 2500000, 19000, 0, 16, 16, 3, 0.5, 18000,
-                   ['req-' || (s * 1000 // 9000 + k) for k in range(16)]
+                   ['req-' || (s * 1000 // 9000 + k) for k in range(16)], NULL
             FROM generate_series(0, {SPAN_NS // 2_500_000} - 1) t(s)"""  # noqa: S608
         )
         trace_id, request_id, start_ns, e2e_ms = _one(

@@ -6,6 +6,14 @@ INVALID_ARGUMENT for bad data (not retried), RESOURCE_EXHAUSTED for messages
 over `max_body_bytes` (grpc enforces the receive limit itself), and a partial
 success when only some spans were rejected.
 
+Under backpressure the UNAVAILABLE carries a `google.rpc.RetryInfo` (OTLP/gRPC
+Throttling: the server tells the client how long to wait) in the places clients
+read it: the standard status details (`grpc-status-details-bin`, a
+`google.rpc.Status`; the OpenTelemetry Collector's Go exporter, `rpc_status`
+of grpcio-status), and the `google.rpc.retryinfo-bin` trailer that the Python
+OTel exporter reads.  `retry-after` (plain seconds) stays for humans and
+simple clients.
+
 The services take the raw request bytes and parse them here: grpc's own
 deserializer answers a malformed message with INTERNAL "Exception
 deserializing request!" (and logs a traceback), where the sender needs
@@ -18,6 +26,10 @@ from concurrent import futures
 from typing import Any
 
 import grpc
+from google.protobuf.any_pb2 import Any as AnyProto
+from google.protobuf.duration_pb2 import Duration
+from google.rpc.error_details_pb2 import RetryInfo
+from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
@@ -29,13 +41,29 @@ from tokentrace.collector.pipeline import REFUSED_WRITER_BEHIND, Pipeline
 from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.writer import WriteBatch
 
-#: Exporters read this trailer as the server's retry hint (OTLP spec: RetryInfo);
-#: the plain seconds value is for humans and simple clients.
+#: Seconds a client should wait before retrying a refused export (the RetryInfo's delay).
 RETRY_AFTER_S = 1
 
 
 TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
+
+
+def _abort_retry_later(context: grpc.ServicerContext, message: str) -> None:
+    """Ends the call with UNAVAILABLE and a RetryInfo of `RETRY_AFTER_S` (backpressure)."""
+    retry = RetryInfo(retry_delay=Duration(seconds=RETRY_AFTER_S))
+    detail = AnyProto()
+    detail.Pack(retry)
+    # the Status's code and message must be the call's own (clients check)
+    status = Status(code=grpc.StatusCode.UNAVAILABLE.value[0], message=message, details=[detail])
+    context.set_trailing_metadata(
+        (
+            ("grpc-status-details-bin", status.SerializeToString()),
+            ("google.rpc.retryinfo-bin", retry.SerializeToString()),
+            ("retry-after", str(RETRY_AFTER_S)),
+        )
+    )
+    context.abort(grpc.StatusCode.UNAVAILABLE, message)
 
 
 class _TraceService:
@@ -63,8 +91,7 @@ class _TraceService:
             if why is not None:
                 m.spans_rejected.labels("grpc", why).inc(len(spans))
                 m.exports_refused.labels("grpc", "UNAVAILABLE").inc()
-                context.set_trailing_metadata((("retry-after", str(RETRY_AFTER_S)),))
-                context.abort(grpc.StatusCode.UNAVAILABLE, self._pipeline.refusal_message(why))
+                _abort_retry_later(context, self._pipeline.refusal_message(why))
             m.spans_accepted.labels("grpc").inc(len(spans))
         reply = ExportTraceServiceResponse()
         if rejected:
@@ -88,10 +115,7 @@ class _MetricsService:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if result.rows and not self._pipeline.add_engine_data(WriteBatch(gpu_samples=result.rows)):
             self._m.exports_refused.labels("grpc", "UNAVAILABLE").inc()
-            context.set_trailing_metadata((("retry-after", str(RETRY_AFTER_S)),))
-            context.abort(
-                grpc.StatusCode.UNAVAILABLE, self._pipeline.refusal_message(REFUSED_WRITER_BEHIND)
-            )
+            _abort_retry_later(context, self._pipeline.refusal_message(REFUSED_WRITER_BEHIND))
         self._m.gpu_samples.inc(len(result.rows))
         reply = ExportMetricsServiceResponse()
         if result.rejected_points:

@@ -48,7 +48,7 @@ JSON = "application/json"
 RETRY_AFTER_S = 1
 
 
-#: google.rpc.Code carried in protobuf error bodies, by HTTP status.
+#: google.rpc.Code carried in error bodies (protobuf and JSON alike), by HTTP status.
 _GRPC_CODE = {400: 3, 403: 7, 413: 8, 415: 3, 429: 8, 503: 14}
 
 
@@ -117,7 +117,10 @@ def _error(status: int, message: str, content_type: str) -> Response:
             media_type=PROTOBUF,
             headers=headers,
         )
-    return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)
+    # the same google.rpc.Status in its JSON form: `code` is the gRPC code, not the HTTP one
+    return JSONResponse(
+        {"code": _GRPC_CODE.get(status, 2), "message": message}, status_code=status, headers=headers
+    )
 
 
 def _content_type(request: Request) -> str:
@@ -285,7 +288,7 @@ class LoopbackHostOnly:
             header = None if host is None else host.decode("latin-1")
             if foreign_host(header):
                 ctype = headers.get(b"content-type", b"").decode("latin-1").split(";")[0]
-                message = refusal_message(header or "", "the OTLP/HTTP receiver")
+                message = refusal_message(header or "", "the OTLP/HTTP receiver", "--otlp-host")
                 await _error(403, message, ctype.strip().lower())(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -302,8 +305,9 @@ def create_http_app(
     and the readiness probe /readyz.
 
     With a `decoder`, big protobuf trace exports are decoded in its worker
-    processes.  Bound to a loopback `bind_host`, it answers only requests
-    whose `Host` names this machine (`LoopbackHostOnly`)."""
+    processes.  Bound to a loopback `bind_host` (the address its own server
+    binds: `--otlp-host`, not the web UI's), it answers only requests whose
+    `Host` names this machine (`LoopbackHostOnly`)."""
     m = metrics if metrics is not None else pipeline.metrics
     traces = make_traces_endpoint(pipeline, max_body_bytes, m, decoder)
     return Starlette(

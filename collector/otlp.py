@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import repeat
@@ -308,6 +309,30 @@ def spans_from_request(request: ExportTraceServiceRequest) -> tuple[list[Span], 
 # A wrong type anywhere is named by its field: the sender reads the message.
 _INT64 = (-(2**63), 2**63 - 1)
 
+# JSON may hold a lone UTF-16 surrogate ("\ud800" is valid JSON; Python's json also
+# takes its UTF-8-like bytes), and Python then gives a str that cannot be encoded as
+# UTF-8: DuckDB would refuse its row and Prometheus' text format its label.  Every
+# string taken from an OTLP/JSON body is repaired (U+FFFD for each lone surrogate);
+# the check costs one `isascii()` on the common path.  Protobuf needs none: upb
+# refuses a string field that is not valid UTF-8 (`parse_trace_request`: 400).
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _repair(text: str) -> str:
+    """Gives a non-ASCII `text` with each lone surrogate replaced by U+FFFD."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
+def _j_str(v: Any) -> str:
+    """Gives a JSON value as a str that encodes as UTF-8 (see `_repair`)."""
+    if v.__class__ is str:
+        return v if v.isascii() else _repair(v)  # type: ignore[no-any-return]
+    return str(v)  # not a str: a number, or repr() of a list/object (escapes surrogates)
+
 
 def _j_obj(v: Any, what: str) -> Mapping[str, Any]:
     """Gives `v` as an object (an absent/null one as empty), or says what is wrong."""
@@ -331,7 +356,9 @@ def _j_value(v: Any) -> Any:
     if not isinstance(v, Mapping):
         raise OtlpDecodeError(f"attribute value must be an object, got {type(v).__name__}")
     if "stringValue" in v:
-        return str(v["stringValue"])
+        text = v["stringValue"]
+        # the common case inline: an ASCII str needs no repair
+        return text if text.__class__ is str and text.isascii() else _j_str(text)
     if "intValue" in v:
         return _j_int(v["intValue"], "intValue", *_INT64)
     if "doubleValue" in v:
@@ -350,7 +377,7 @@ def _j_value(v: Any) -> Any:
     if "kvlistValue" in v:
         return _j_attrs(_j_obj(v["kvlistValue"], "kvlistValue").get("values"))
     if "bytesValue" in v:
-        return str(v["bytesValue"])
+        return _j_str(v["bytesValue"])
     return None
 
 
@@ -359,7 +386,8 @@ def _j_attrs(kvs: Any) -> dict[str, Any]:
     for kv in _j_list(kvs, "attributes"):
         if not isinstance(kv, Mapping) or not isinstance(kv.get("key"), str):
             raise OtlpDecodeError("each attribute needs a string key")
-        out[kv["key"]] = _j_value(kv.get("value") or {})
+        key = kv["key"]
+        out[key if key.isascii() else _repair(key)] = _j_value(kv.get("value") or {})
     return out
 
 
@@ -430,7 +458,7 @@ def _decode_json(doc: Any) -> tuple[list[Span], Rejected]:
         scope_spans = rs.get("scopeSpans", rs.get("scope_spans"))
         for ss in _j_list(scope_spans, "scopeSpans"):
             ss = _j_obj(ss, "each scopeSpans entry")
-            scope = str(_j_obj(ss.get("scope"), "scope").get("name", ""))
+            scope = _j_str(_j_obj(ss.get("scope"), "scope").get("name", ""))
             for ps in _j_list(ss.get("spans"), "spans"):
                 if not isinstance(ps, Mapping):
                     raise OtlpDecodeError("each span must be an object")
@@ -452,17 +480,17 @@ def _j_span(ps: Mapping[str, Any], resource: dict[str, Any], scope: str) -> Span
             trace_id=trace_id,
             span_id=span_id,
             parent_span_id=_j_id(ps.get("parentSpanId"), "parentSpanId", 8, False),
-            name=str(ps.get("name", "")),
+            name=_j_str(ps.get("name", "")),
             kind=_j_int(ps.get("kind", 0), "kind", 0, MAX_KIND),
             start_ns=_j_int(ps.get("startTimeUnixNano", 0), "startTimeUnixNano"),
             end_ns=_j_int(ps.get("endTimeUnixNano", 0), "endTimeUnixNano"),
             attributes=_j_attrs(ps.get("attributes")),
             resource=resource,
             status_code=_j_int(status.get("code", 0), "status.code", 0, MAX_STATUS),
-            status_message=str(status.get("message", "")),
+            status_message=_j_str(status.get("message", "")),
             events=[
                 SpanEvent(
-                    str(e.get("name", "")),
+                    _j_str(e.get("name", "")),
                     _j_int(e.get("timeUnixNano", 0), "event timeUnixNano"),
                     _j_attrs(e.get("attributes")),
                 )

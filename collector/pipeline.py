@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 from tokentrace.analyzer.attribution import TraceResult, summarize_trace
 from tokentrace.analyzer.spans import KIND_SERVER, Span
 from tokentrace.collector.packed import PackedTrace
+from tokentrace.collector.refusals import RefusalEpisodes
 from tokentrace.collector.sampling import Decision, Sampler
 from tokentrace.collector.self_metrics import CollectorMetrics
+from tokentrace.collector.settings import DEFAULT_MAX_BUFFERED_BYTES
 from tokentrace.collector.writer import KeptTrace, WriteBatch, Writer
 
 logger = logging.getLogger("tokentrace.collector")
@@ -44,6 +46,22 @@ CLOSE_WAIT_S = 30.0
 HIGH_WATER = 0.9
 #: ... until the buffer is back under this share.
 LOW_WATER = 0.75
+#: The most engine steps one write batch holds: a decision round whose traces carry
+#: more (many step batch spans decided at once) hands them to the writer in parts.
+MAX_BATCH_ENGINE_STEPS = 65_536
+
+#: What a buffered span is reckoned to weigh beyond its strings (`_spans_bytes`): the
+#: Span, its dicts and lists, ids, numbers.  ~1.2 KB a benchmark span all told.
+SPAN_BYTES = 1024
+#: ... an event or a link beyond its strings, an element of a list attribute, an
+#: engine step or a request summary a decode worker made, and its token times.
+EVENT_BYTES = 160
+ELEMENT_BYTES = 32
+STEP_BYTES = 300
+REQUEST_BYTES = 2048
+#: A string this long or longer counts 4 bytes a character unless it is ASCII (a
+#: Python str of non-Latin-1 text takes 2 or 4 bytes a character).
+_WIDE_CHECK_CHARS = 4096
 
 
 #: The reason a trace is kept whose summary or decision failed (see `Pipeline._unsummarized`).
@@ -58,6 +76,8 @@ class _Pending:
     #: the trace's first spans, still packed by a decode worker (they came
     #: before every span in `spans`)
     packed: PackedTrace | None = None
+    #: what the trace is reckoned to weigh in memory (`_spans_bytes`, `_packed_bytes`)
+    nbytes: int = 0
 
     def size(self) -> int:
         return len(self.spans) + (self.packed.count if self.packed is not None else 0)
@@ -88,6 +108,78 @@ class PipelineStats:
     traces_unsummarized: int = 0
     requests_summarized: int = 0
     kept_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+def _value_bytes(value: object) -> int:
+    """What an attribute value weighs beyond SPAN_BYTES, about: a string or bytes its
+    length (4 bytes a character for a long non-ASCII string), a list its elements."""
+    if isinstance(value, str):
+        n = len(value)
+        return n if n < _WIDE_CHECK_CHARS or value.isascii() else 4 * n
+    if isinstance(value, bytes):
+        return len(value)
+    if isinstance(value, (list, tuple)):
+        return sum(ELEMENT_BYTES + _value_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(ELEMENT_BYTES + len(str(k)) + _value_bytes(v) for k, v in value.items())
+    return 0  # a number, a bool, None: in SPAN_BYTES
+
+
+def _attrs_bytes(attributes: dict[str, object]) -> int:
+    n = 0
+    for v in attributes.values():
+        if v.__class__ is str and len(v) < _WIDE_CHECK_CHARS:  # type: ignore[arg-type]
+            n += len(v)  # type: ignore[arg-type]
+        elif v.__class__ is not int and v.__class__ is not float:
+            n += _value_bytes(v)
+    return n
+
+
+def _extras_bytes(span: Span) -> int:
+    """What a span's events and links weigh beyond SPAN_BYTES."""
+    n = 0
+    for e in span.events:
+        n += EVENT_BYTES + len(e.name) + _attrs_bytes(e.attributes)
+    for link in span.links:
+        n += EVENT_BYTES + _attrs_bytes(link.attributes)
+    return n
+
+
+def _spans_bytes(spans: Sequence[Span]) -> list[int]:
+    """What each span is reckoned to weigh in the buffer: SPAN_BYTES, its strings (name,
+    status message, attribute values, events, links; a long non-ASCII string 4 bytes a
+    character).  A resource and a scope name are counted with the first span of each
+    object (the decoders give the spans of one resource one dict).  Attribute keys are
+    not counted (a sender's few names).  ~0.2 us a benchmark span."""
+    sizes = []
+    resource: dict[str, object] | None = None
+    scope: str | None = None
+    for s in spans:
+        n = SPAN_BYTES + len(s.name) + len(s.status_message)
+        if s.attributes:
+            n += _attrs_bytes(s.attributes)
+        if s.events or s.links:
+            n += _extras_bytes(s)
+        if s.resource is not resource:
+            resource = s.resource
+            n += _attrs_bytes(resource)
+        if s.scope is not scope:
+            scope = s.scope
+            n += len(scope)
+        sizes.append(n)
+    return sizes
+
+
+def _packed_bytes(t: PackedTrace) -> int:
+    """What a trace packed by a decode worker is reckoned to weigh: the pickled spans,
+    and the summary the worker made (its token times, its engine steps)."""
+    n = SPAN_BYTES // 4 * t.count + len(t.blob)
+    pre = t.pre
+    if pre is not None:
+        n += STEP_BYTES * len(pre.engine_steps)
+        for r in pre.requests:
+            n += REQUEST_BYTES + ELEMENT_BYTES * len(r.itl_gaps_ms)
+    return n
 
 
 def _unique_spans(p: _Pending) -> int:
@@ -121,13 +213,13 @@ def _late_is_new(ids: bytearray, span_id: str) -> bool:
     return True
 
 
-def _holds(p: _Pending, span_id: str) -> bool:
-    """Whether the pending trace has a span with this id."""
+def _held_ids(p: _Pending) -> set[str]:
+    """The span ids of the pending trace that a root candidate's parent may be among."""
     if p.packed is not None and not p.spans:
         # one worker's spans only, and it listed no root candidate whose parent
         # is among them
-        return False
-    return any(s.span_id == span_id for s in p.all_spans())
+        return set()
+    return {s.span_id for s in p.all_spans()}
 
 
 class Pipeline:
@@ -139,6 +231,7 @@ class Pipeline:
         sampler: Sampler,
         *,
         max_buffered_spans: int = 200_000,
+        max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES,
         grace_s: float = 2.0,
         decision_wait_s: float = 30.0,
         decision_cache_size: int = 100_000,
@@ -148,9 +241,12 @@ class Pipeline:
     ) -> None:
         if max_buffered_spans <= 0:
             raise ValueError("max_buffered_spans must be positive")
+        if max_buffered_bytes <= 0:
+            raise ValueError("max_buffered_bytes must be positive")
         self._writer = writer
         self._sampler = sampler
         self._max_spans = max_buffered_spans
+        self._max_bytes = max_buffered_bytes
         self._grace_ns = int(grace_s * 1e9)
         self._wait_ns = int(decision_wait_s * 1e9)
         self._cache_size = decision_cache_size
@@ -168,6 +264,10 @@ class Pipeline:
         self._roots: deque[tuple[int, str, str]] = deque()
         self._late: list[Span] = []
         self._buffered = 0
+        #: what the buffered traces are reckoned to weigh (`_Pending.nbytes`)
+        self._bytes = 0
+        #: whether the last refusal for a full buffer was for its bytes (for the log)
+        self._full_of_bytes = False
         self._decided: OrderedDict[str, bool] = OrderedDict()
         # span ids of the kept traces in `_decided` (late spans included), to
         # drop a late span stored already; only late spans ever look them up
@@ -176,6 +276,8 @@ class Pipeline:
         self._stop = threading.Event()
         self._decide_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        #: logs when the receivers start refusing exports and when they stop
+        self.refusals = RefusalEpisodes(self._bound_reached)
 
     # ---- receive side ---------------------------------------------------------
     @property
@@ -186,13 +288,25 @@ class Pipeline:
     def buffered_traces(self) -> int:
         return len(self._pending)
 
+    @property
+    def buffered_bytes(self) -> int:
+        """What the buffered traces are reckoned to weigh (bounded by max_buffered_bytes)."""
+        return self._bytes
+
     def add(self, spans: Sequence[Span]) -> bool:
-        """Accepts spans into the buffer; gives False (nothing taken) when full."""
-        return self.offer(spans) is None
+        """Accepts spans into the buffer; gives False (nothing taken) when full.
+        For `tokentrace import`, which waits for room: its refusals are not logged."""
+        return self._offer(spans) is None
 
     def offer(self, spans: Sequence[Span] | Sequence[PackedTrace]) -> str | None:
         """Accepts all the spans, or none and gives why (`REFUSED_*`).  Takes
-        `Span`s, or the `PackedTrace`s of a decode worker."""
+        `Span`s, or the `PackedTrace`s of a decode worker.  What receivers call:
+        the start and end of a run of refusals are logged (`refusals`)."""
+        why = self._offer(spans)
+        self.refusals.note(why)
+        return why
+
+    def _offer(self, spans: Sequence[Span] | Sequence[PackedTrace]) -> str | None:
         if spans and isinstance(spans[0], PackedTrace):
             return self._offer_packed(spans)  # type: ignore[arg-type]
         return self._offer_spans(spans)  # type: ignore[arg-type]
@@ -210,7 +324,27 @@ class Pipeline:
             return f"writer queue full ({writer.pending} of {writer.capacity} batches)"
         if self._buffered >= self._max_spans:
             return f"tail buffer full ({self._buffered} of {self._max_spans} spans)"
+        if self._bytes >= self._max_bytes:
+            return f"tail buffer full ({_mib(self._bytes)} of {_mib(self._max_bytes)} MiB)"
         return None
+
+    def _bound_reached(self, why: str) -> str:
+        """Names the bound behind the refusal reason `why`, with its figures (for the log)."""
+        writer = self._writer
+        if why == REFUSED_BUFFER_FULL:
+            if self._full_of_bytes:
+                return (
+                    f"the tail buffer is full ({_mib(self._bytes)} MiB buffered in {self._buffered} "
+                    f"spans, max_buffered_bytes {_mib(self._max_bytes)} MiB)"
+                )
+            return f"the tail buffer is full ({self._buffered} spans buffered, max_buffered_spans {self._max_spans})"
+        error = writer.store_error
+        if error is not None:
+            return (
+                f"the store takes no writes ({error}); {writer.pending} batches wait "
+                f"(max_pending_writes {writer.capacity})"
+            )
+        return f"the writer queue is full ({writer.pending} batches, max_pending_writes {writer.capacity})"
 
     def refusal_message(self, why: str) -> str:
         """The message of a 503/UNAVAILABLE for the refusal reason `why`."""
@@ -220,8 +354,9 @@ class Pipeline:
             text += f": the store takes no writes ({error})"
         return text + "; retry later"
 
-    def _refusal(self, received: int, fresh: int) -> str | None:
-        """Counts what came in; gives why it cannot be taken (lock held)."""
+    def _refusal(self, received: int, fresh: int, nbytes: int) -> str | None:
+        """Counts what came in (`nbytes`: what it is reckoned to weigh); gives why it
+        cannot be taken (lock held)."""
         stats = self.stats
         stats.spans_received += received
         writer = self._writer
@@ -231,26 +366,32 @@ class Pipeline:
             stats.spans_rejected += received
             return REFUSED_WRITER_BEHIND
         # an empty buffer takes any batch, so one big export always makes progress
-        if self._buffered and self._buffered + fresh > self._max_spans:
-            stats.spans_rejected += received
-            return REFUSED_BUFFER_FULL
+        if self._buffered:
+            over_bytes = self._bytes + nbytes > self._max_bytes
+            if over_bytes or self._buffered + fresh > self._max_spans:
+                self._full_of_bytes = over_bytes
+                stats.spans_rejected += received
+                return REFUSED_BUFFER_FULL
         return None
 
     def _offer_spans(self, spans: Sequence[Span]) -> str | None:
         now = self._clock()
         stats = self.stats
+        sizes = _spans_bytes(spans)  # outside the lock
         with self._lock:
             decided = self._decided
             fresh = len(spans)
             if decided:
                 fresh = sum(1 for s in spans if s.trace_id not in decided)
-            why = self._refusal(len(spans), fresh)
+            # (late spans of decided traces are reckoned in too: they are few)
+            why = self._refusal(len(spans), fresh, sum(sizes))
             if why is not None:
                 return why
+            added = 0
             before = stats.late_spans_dropped, stats.late_duplicates_dropped
             pending = self._pending
             roots = self._roots
-            for s in spans:
+            for s, nbytes in zip(spans, sizes, strict=True):
                 trace_id = s.trace_id
                 p = pending.get(trace_id)
                 if p is None:
@@ -263,12 +404,15 @@ class Pipeline:
                         continue
                     p = pending[trace_id] = _Pending([], now)
                 p.spans.append(s)
+                p.nbytes += nbytes
+                added += nbytes
                 parent = s.parent_span_id
                 if not parent:
                     roots.append((now, trace_id, ""))
                 elif s.kind == KIND_SERVER:
                     roots.append((now, trace_id, parent))
             self._buffered += fresh
+            self._bytes += added
             stats.spans_accepted += len(spans)
             late = fresh != len(spans)
             if late:
@@ -281,19 +425,21 @@ class Pipeline:
     def _offer_packed(self, traces: Sequence[PackedTrace]) -> str | None:
         now = self._clock()
         stats = self.stats
+        sizes = [_packed_bytes(t) for t in traces]  # outside the lock
         with self._lock:
             decided = self._decided
             received = sum(t.count for t in traces)
             fresh = received
             if decided:
                 fresh = sum(t.count for t in traces if t.trace_id not in decided)
-            why = self._refusal(received, fresh)
+            why = self._refusal(received, fresh, sum(sizes))
             if why is not None:
                 return why
+            added = 0
             before = stats.late_spans_dropped, stats.late_duplicates_dropped
             pending = self._pending
             roots = self._roots
-            for t in traces:
+            for t, nbytes in zip(traces, sizes, strict=True):
                 trace_id = t.trace_id
                 p = pending.get(trace_id)
                 if p is None:
@@ -304,12 +450,15 @@ class Pipeline:
                         else:
                             stats.late_spans_dropped += t.count
                         continue
-                    pending[trace_id] = _Pending([], now, t)
+                    pending[trace_id] = _Pending([], now, t, nbytes)
                 else:  # more spans of a buffered trace: the worker's summary no longer covers it
                     p.spans.extend(t.spans())
+                    p.nbytes += nbytes
+                added += nbytes
                 for parent in t.roots:
                     roots.append((now, trace_id, parent))
             self._buffered += fresh
+            self._bytes += added
             stats.spans_accepted += received
             late = fresh != received
             if late:
@@ -341,10 +490,11 @@ class Pipeline:
             m.duplicate_spans.labels("late").inc(duplicates)
 
     def add_engine_data(self, batch: WriteBatch) -> bool:
-        """Engine steps and GPU samples bypass sampling: they are kept whole."""
-        if self._writer.store_error is not None:
-            return False
-        return self._writer.submit(batch)
+        """Engine steps and GPU samples bypass sampling: they are kept whole.
+        False (nothing taken) while the writer queue is full or the store fails."""
+        taken = self._writer.store_error is None and self._writer.submit(batch)
+        self.refusals.note(None if taken else REFUSED_WRITER_BEHIND)
+        return taken
 
     def _submit(self, batch: WriteBatch) -> None:
         """Hands a decided batch to the writer, waiting for room (backpressure);
@@ -364,6 +514,7 @@ class Pipeline:
     def _take(self, trace_id: str, out: list[tuple[str, _Pending]]) -> None:
         p = self._pending.pop(trace_id)
         self._buffered -= p.size()
+        self._bytes -= p.nbytes
         out.append((trace_id, p))
 
     def _ready(self, now: int, force: bool) -> tuple[list[tuple[str, _Pending]], int]:
@@ -378,13 +529,20 @@ class Pipeline:
                 return ready, 0
             roots = self._roots
             grace = self._grace_ns
+            # the span ids of each trace looked into, once a round: a trace of n SERVER
+            # spans has n root candidates, and each scanning its spans is n^2 under the lock
+            held: dict[str, set[str]] = {}
             while roots and now - roots[0][0] >= grace:
                 _, trace_id, parent = roots.popleft()
                 p = pending.get(trace_id)
                 if p is None:
                     continue  # decided already
-                if parent and _holds(p, parent):
-                    continue  # a SERVER span under a span we have: not the root
+                if parent:
+                    ids = held.get(trace_id)
+                    if ids is None:
+                        ids = held[trace_id] = _held_ids(p)
+                    if parent in ids:
+                        continue  # a SERVER span under a span we have: not the root
                 self._take(trace_id, ready)
             wait = self._wait_ns
             while pending:
@@ -392,9 +550,13 @@ class Pipeline:
                 if now - p.first_seen_ns < wait:
                     break
                 self._take(trace_id, ready)
-            if self._buffered > self._max_spans * HIGH_WATER:
-                low = self._max_spans * LOW_WATER
-                while pending and self._buffered > low:
+            # past the high-water mark of either bound: down to its low-water mark
+            spans_high = self._buffered > self._max_spans * HIGH_WATER
+            bytes_high = self._bytes > self._max_bytes * HIGH_WATER
+            if spans_high or bytes_high:
+                spans_low = self._max_spans * (LOW_WATER if spans_high else 1)
+                bytes_low = self._max_bytes * (LOW_WATER if bytes_high else 1)
+                while pending and (self._buffered > spans_low or self._bytes > bytes_low):
                     self._take(next(iter(pending)), ready)
                     evicted += 1
                 self.stats.traces_evicted_early += evicted
@@ -449,6 +611,10 @@ class Pipeline:
                     result, forced = TraceResult(), self._unsummarized(trace_id)
             if result.engine_steps:
                 batch.engine_steps.extend(result.engine_steps)
+                if len(batch.engine_steps) >= MAX_BATCH_ENGINE_STEPS:
+                    # many step batches decided at once: written in parts, not as one batch
+                    self._submit(WriteBatch(engine_steps=batch.engine_steps))
+                    batch.engine_steps = []
                 if spans is None:
                     spans = p.all_spans()
                 if not result.requests and all(s.name == spans[0].name for s in spans):
@@ -546,3 +712,7 @@ class Pipeline:
             self._thread = None
         self.decide_ready(force=True)
         self._writer.flush()
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / (1024 * 1024):.0f}"

@@ -156,8 +156,11 @@ class Retention:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        #: rows deleted so far, per table (what a Prometheus counter would show)
+        #: rows deleted so far, per table (`tokentrace_retention_deleted_total{table}`)
         self.deleted_total: dict[str, int] = {t.table: 0 for t in TABLES}
+        #: when the last pass completed, unix seconds of `clock`; None before the first
+        #: (`tokentrace_retention_last_run_timestamp_seconds`: a failed pass leaves it)
+        self.last_pass_s: float | None = None
         self.passes = 0
         self.failed_passes = 0
 
@@ -211,6 +214,7 @@ class Retention:
                 for t in group:
                     self.deleted_total[t.table] += deleted[t.table]
             self.passes += 1
+            self.last_pass_s = self._clock() / 1e9
         logger.info(
             "tokentrace retention: deleted %d rows older than %s in %.2f s (%s)",
             sum(deleted.values()),

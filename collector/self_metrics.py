@@ -8,7 +8,8 @@ and the process and Python metrics (`process_*`, `python_*`) of the collector.
 
 Every label value that comes from a client (the `model` of a request) is
 capped (`MAX_MODEL_LABELS`): a client sending random model names must not grow
-every scrape without bound.  `_created` series are off (`disable_created_metrics`,
+every scrape without bound; and made encodable (`label_value`): a lone UTF-16
+surrogate in one must not make every later scrape fail.  `_created` series are off (`disable_created_metrics`,
 process-wide): they double the series count and no dashboard uses them.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
@@ -57,6 +59,22 @@ disable_created_metrics()
 MAX_MODEL_LABELS = 50
 #: The label value of everything past `MAX_MODEL_LABELS`.
 OTHER_LABEL = "other"
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def label_value(value: str) -> str:
+    """Gives `value` as a label value the text format can carry: UTF-8, so each
+    lone UTF-16 surrogate (which a str may hold) becomes U+FFFD."""
+    if value.__class__ is not str:
+        value = str(value)
+    if value.isascii():
+        return value
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", value)
+    return value
 
 #: vLLM's `vllm:time_to_first_token_seconds` buckets.
 TTFT_BUCKETS_S: tuple[float, ...] = (
@@ -225,6 +243,7 @@ class CollectorMetrics:
         self.request_histograms = RequestHistograms(self.models)
         r.register(self.request_histograms)
         self._sources: list[Callable[[], None]] = []
+        self._unencodable_logged = False
 
     def observe_requests(self, requests: Sequence[RequestSummary]) -> None:
         """Adds each request's summary to the latency histograms."""
@@ -238,11 +257,29 @@ class CollectorMetrics:
         """Reports the decode pool's `worker_restarts` at each scrape."""
         self.on_scrape(lambda: self.decode_worker_restarts.set(pool.worker_restarts))
 
+    def watch_retention(self, retention: _RetentionState) -> None:
+        """Exports `--retention`'s passes (only a collector with retention has them):
+        `tokentrace_retention_deleted_total{table}` and
+        `tokentrace_retention_last_run_timestamp_seconds`."""
+        self.registry.register(RetentionPasses(retention))
+
     def render(self) -> tuple[bytes, str]:
-        """Gives the Prometheus text exposition and its content type."""
+        """Gives the Prometheus text exposition and its content type.
+
+        Should a label value still not encode as UTF-8 (client-controlled ones
+        are made encodable as they come in, `label_value`), the scrape is
+        rendered again with every label value repaired, rather than failing."""
         for refresh in self._sources:
             refresh()
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        try:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        except UnicodeEncodeError as exc:
+            if not self._unencodable_logged:
+                self._unencodable_logged = True
+                logger.warning("tokentrace: a /metrics label value is not UTF-8 (%s); replaced", exc)
+            repaired = CollectorRegistry(auto_describe=False)
+            repaired.register(_EncodableLabels(self.registry))
+            return generate_latest(repaired), CONTENT_TYPE_LATEST
 
     # ---- store state (the store-failure work; kept apart from the metrics above) ----
     def watch_store(self, writable: Callable[[], float], seconds_since_write: Callable[[], float]) -> None:
@@ -251,6 +288,21 @@ class CollectorMetrics:
         `tokentrace_store_seconds_since_write` (since the last committed write)."""
         self.store_writable.set_function(writable)
         self.store_seconds_since_write.set_function(seconds_since_write)
+
+
+class _EncodableLabels:
+    """A registry's metrics with every label value through `label_value`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._registry.collect():
+            metric.samples = [
+                sample._replace(labels={k: label_value(v) for k, v in sample.labels.items()})
+                for sample in metric.samples
+            ]
+            yield metric
 
 
 def _register_runtime_collectors(registry: CollectorRegistry) -> None:
@@ -264,6 +316,51 @@ def _register_runtime_collectors(registry: CollectorRegistry) -> None:
 class _RestartCounting(Protocol):
     @property
     def worker_restarts(self) -> int: ...
+
+
+class _RetentionState(Protocol):
+    @property
+    def deleted_total(self) -> dict[str, int]: ...
+
+    @property
+    def last_pass_s(self) -> float | None: ...
+
+
+class RetentionPasses:
+    """The retention thread's own totals, read at each scrape: rows deleted per
+    table (a counter), and when the last pass completed (a gauge; no sample before
+    the first).  An alert on its age catches passes that keep failing: each failure
+    is logged, but the file then grows without bound."""
+
+    def __init__(self, retention: _RetentionState) -> None:
+        self._retention = retention
+
+    def describe(self) -> list[Metric]:
+        return list(self._families())
+
+    @staticmethod
+    def _families() -> tuple[CounterMetricFamily, GaugeMetricFamily]:
+        return (
+            CounterMetricFamily(
+                "tokentrace_retention_deleted",
+                "rows deleted by --retention because they were older than the retention, per table",
+                labels=["table"],
+            ),
+            GaugeMetricFamily(
+                "tokentrace_retention_last_run_timestamp_seconds",
+                "unix time at which the last --retention pass completed (a failed pass does not move it)",
+            ),
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        deleted, last_run = self._families()
+        for table, rows in list(self._retention.deleted_total.items()):
+            deleted.add_metric([table], rows)
+        last = self._retention.last_pass_s
+        if last is not None:
+            last_run.add_metric([], last)
+        yield deleted
+        yield last_run
 
 
 class RunningTotal:
@@ -350,6 +447,10 @@ class BoundedLabel:
         other = 0
         with self._lock:
             for i, v in enumerate(out):
+                if v in seen:
+                    continue
+                # only encodable values are in `seen`: one that is not comes here each time
+                v = out[i] = label_value(v)
                 if v in seen:
                     continue
                 if len(seen) < self.limit:

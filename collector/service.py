@@ -30,7 +30,7 @@ from tokentrace.collector.sampling import P99Tracker, Sampler, SloLimits, parse_
 from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.settings import CollectorSettings
 from tokentrace.collector.writer import Writer
-from tokentrace.store.connection import open_db
+from tokentrace.store.connection import open_db, resolve_db_path
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 from tokentrace.store.serve_note import remove_note, unclean_stop, write_note
 
@@ -75,6 +75,7 @@ class Collector:
             self.writer,
             self.sampler,
             max_buffered_spans=settings.max_buffered_spans,
+            max_buffered_bytes=settings.max_buffered_bytes,
             grace_s=settings.grace_s,
             decision_wait_s=settings.decision_wait_s,
             metrics=self.metrics,
@@ -82,6 +83,8 @@ class Collector:
         self.metrics.on_scrape(self._refresh_gauges)
         # --retention: deletes old rows on its own cursor (collector/retention.py says why that is safe)
         self.retention = Retention(self.conn, settings.retention_s) if settings.retention_s else None
+        if self.retention is not None:
+            self.metrics.watch_retention(self.retention)
 
     def _refresh_gauges(self) -> None:
         m = self.metrics
@@ -213,6 +216,25 @@ def check_bindable(host: str, port: int, what: str) -> None:
 _PORT_FLAG = {"OTLP/HTTP": "http-port", "OTLP/gRPC": "grpc-port", "web UI": "web-port"}
 
 
+def check_ports(settings: CollectorSettings) -> None:
+    """Raises OSError naming the first server whose address cannot be bound.
+
+    Runs before the store is opened, so a busy port leaves no new database
+    file behind (and an existing one untouched)."""
+    otlp = settings.otlp_bind_host
+    check_bindable(otlp, settings.http_port, "OTLP/HTTP")
+    check_bindable(otlp, settings.grpc_port, "OTLP/gRPC")
+    check_bindable(settings.host, settings.web_port, "web UI")
+
+
+def _remove_new_store(db: Path) -> None:
+    """Deletes the database file (and its WAL) a failed start created: an empty
+    store nobody asked to keep.  Never called for a file that existed before."""
+    for path in (db, db.with_name(db.name + ".wal")):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
 def _quiet_server_class() -> type:
     import uvicorn
 
@@ -244,6 +266,12 @@ class CollectorServer:
 
     def __init__(self, settings: CollectorSettings) -> None:
         self.settings = settings
+        check_ports(settings)  # before the store: a busy port must not leave a new file behind
+        self._db_path = resolve_db_path(settings.db)
+        # a start that fails later removes the file only if this open created it.  Not
+        # when the open itself fails: the file may then be another process's, made in
+        # between (DuckDB's own errors, bad settings included, create no file)
+        self._db_is_new = not self._db_path.exists()
         self.collector = Collector(settings)
         self.grpc_port = settings.grpc_port
         self._grpc: Any = None
@@ -262,7 +290,7 @@ class CollectorServer:
 
     @property
     def otlp_http_url(self) -> str:
-        return f"http://{self.settings.host}:{self.settings.http_port}"
+        return f"http://{self.settings.otlp_bind_host}:{self.settings.http_port}"
 
     @property
     def web_url(self) -> str:
@@ -271,22 +299,21 @@ class CollectorServer:
     def start(self, timeout_s: float = 60.0) -> CollectorServer:
         """Starts every server and returns once all of them accept connections.
 
-        Raises (after stopping whatever did start) when one cannot start, e.g.
-        a port in use.
+        Raises (after stopping whatever did start, and removing the database
+        file if this start created it) when one cannot start, e.g. a port in use.
         """
         import uvicorn
 
         s, c = self.settings, self.collector
+        otlp_host = s.otlp_bind_host
         try:
-            for what, port in (("OTLP/HTTP", s.http_port), ("OTLP/gRPC", s.grpc_port), ("web UI", s.web_port)):
-                check_bindable(s.host, port, what)
             c.start()
             self._grpc, self.grpc_port = start_grpc_server(
-                c.pipeline, s.host, s.grpc_port, s.max_body_bytes, c.metrics
+                c.pipeline, otlp_host, s.grpc_port, s.max_body_bytes, c.metrics
             )
-            apps: list[tuple[Any, int]] = [
-                (create_http_app(c.pipeline, s.max_body_bytes, c.metrics, self.decoder, s.host), s.http_port)
-            ]
+            # the Host check follows the address this server binds, not the web UI's
+            otlp_app = create_http_app(c.pipeline, s.max_body_bytes, c.metrics, self.decoder, otlp_host)
+            apps: list[tuple[Any, str, int]] = [(otlp_app, otlp_host, s.http_port)]
             try:
                 from tokentrace.web.app import create_web_app
             except ModuleNotFoundError as exc:
@@ -301,14 +328,14 @@ class CollectorServer:
                 )
                 create_web_app = None  # type: ignore[assignment]
             if create_web_app is not None:
-                apps.append((create_web_app(s, c), s.web_port))
+                apps.append((create_web_app(s, c), s.host, s.web_port))
                 self._web_started = s.web_port != 0
             quiet_server = _quiet_server_class()
             self._servers = [
                 quiet_server(
-                    uvicorn.Config(app, host=s.host, port=port, log_level="warning", lifespan="off")
+                    uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
                 )
-                for app, port in apps
+                for app, host, port in apps
             ]
             started = threading.Event()
             errors: list[BaseException] = []
@@ -326,10 +353,11 @@ class CollectorServer:
                 ) from errors[0]
         except BaseException:
             self.stop()
+            self._remove_store_if_new()
             raise
         logger.info(
             "tokentrace serving: OTLP/HTTP %s:%d, OTLP/gRPC %s:%d, web %s:%d, db %s",
-            s.host, s.http_port, s.host, self.grpc_port, s.host, s.web_port, s.db,
+            otlp_host, s.http_port, otlp_host, self.grpc_port, s.host, s.web_port, s.db,
         )  # fmt: skip
         self._restore_gc = tune_for_ingest()
         if self._web_started:  # `report --db` on the held file then names this URL
@@ -343,6 +371,11 @@ class CollectorServer:
                 )  # fmt: skip
             write_note(s.db, self.web_url, token_required=bool(s.api_token))
         return self
+
+    def _remove_store_if_new(self) -> None:
+        """After a failed start: deletes the database file if this start created it."""
+        if self._db_is_new:
+            _remove_new_store(self._db_path)
 
     def _run(self, started: threading.Event, errors: list[BaseException]) -> None:
         loop = asyncio.new_event_loop()

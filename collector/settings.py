@@ -2,13 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from tokentrace.store.location import DB_ENV, resolve_db_path
+
+
+class SettingError(ValueError):
+    """A setting's value is out of range; `settings` names the one(s) at fault, so
+    that `resolve` can say which environment variable gave it."""
+
+    def __init__(self, settings: tuple[str, ...], message: str) -> None:
+        super().__init__(message)
+        self.settings = settings
+
+
+@contextlib.contextmanager
+def _blaming(name: str) -> Iterator[None]:
+    """Turns a ValueError of a check that knows no setting (a parser's) into a
+    SettingError of `name`."""
+    try:
+        yield
+    except SettingError:
+        raise
+    except ValueError as exc:
+        raise SettingError((name,), str(exc)) from exc
+
+
+#: Default bound of what the tail buffer's traces weigh (see HELP["max_buffered_bytes"]).
+DEFAULT_MAX_BUFFERED_BYTES = 512 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +44,8 @@ class CollectorSettings:
 
     db: Path = Path("tokentrace.duckdb")
     host: str = "127.0.0.1"
+    #: address of the OTLP receivers (gRPC, HTTP with /metrics and /readyz); None: `host`
+    otlp_host: str | None = None
     http_port: int = 4318
     grpc_port: int = 4317
     web_port: int = 8600
@@ -24,6 +53,7 @@ class CollectorSettings:
     decision_wait_s: float = 30.0
     baseline: float = 0.02
     max_buffered_spans: int = 200_000
+    max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
     max_body_bytes: int = 16 * 1024 * 1024
     slo_ttft_ms: float | None = None
     slo_e2e_ms: float | None = None
@@ -42,31 +72,48 @@ class CollectorSettings:
             value = getattr(self, f.name)
             # NaN passes every `<` check below (and then fails deep in a thread)
             if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{f.name} must be a finite number, got {value}")
+                raise SettingError((f.name,), f"{f.name} must be a finite number, got {value}")
         ports: dict[int, str] = {}
         for port_name in ("http_port", "grpc_port", "web_port"):
             port = getattr(self, port_name)
             if not 0 <= port <= 65535:
-                raise ValueError(f"{port_name} must be 0..65535, got {port}")
+                raise SettingError((port_name,), f"{port_name} must be 0..65535, got {port}")
             if port and port in ports:
-                raise ValueError(f"{ports[port]} and {port_name} are both {port}: each server needs its own port")
+                raise SettingError(
+                    (ports[port], port_name),
+                    f"{ports[port]} and {port_name} are both {port}: each server needs its own port",
+                )
             ports[port] = port_name
         if not 0.0 <= self.baseline <= 1.0:
-            raise ValueError(f"baseline must be in [0, 1], got {self.baseline}")
+            raise SettingError(("baseline",), f"baseline must be in [0, 1], got {self.baseline}")
         if self.grace_s < 0:
-            raise ValueError(f"grace_s must be >= 0, got {self.grace_s}")
-        for name in ("decision_wait_s", "max_buffered_spans", "max_body_bytes"):
+            raise SettingError(("grace_s",), f"grace_s must be >= 0, got {self.grace_s}")
+        for name in (
+            "decision_wait_s",
+            "max_buffered_spans",
+            "max_buffered_bytes",
+            "max_body_bytes",
+        ):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+                raise SettingError((name,), f"{name} must be positive, got {getattr(self, name)}")
         if self.decode_processes < 0:
-            raise ValueError(f"decode_processes must be >= 0, got {self.decode_processes}")
+            raise SettingError(
+                ("decode_processes",), f"decode_processes must be >= 0, got {self.decode_processes}"
+            )
         for name in ("p99_min_samples", "max_pending_writes"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+                raise SettingError((name,), f"{name} must be positive, got {getattr(self, name)}")
         from tokentrace.collector.sampling import parse_rules
 
-        parse_rules(self.keep_rules)  # a malformed rule fails here, at start-up
-        self.retention_s  # noqa: B018 - a malformed duration fails here, at start-up
+        with _blaming("keep_rules"):
+            parse_rules(self.keep_rules)  # a malformed rule fails here, at start-up
+        with _blaming("retention"):
+            self.retention_s  # noqa: B018 - a malformed duration fails here, at start-up
+
+    @property
+    def otlp_bind_host(self) -> str:
+        """The address the OTLP receivers bind: `otlp_host`, else `host`."""
+        return self.otlp_host or self.host
 
     @property
     def retention_s(self) -> float | None:
@@ -84,7 +131,10 @@ ENV["db"] = DB_ENV
 
 HELP: dict[str, str] = {
     "db": "DuckDB file",
-    "host": "address every server binds (beyond loopback, add --api-token)",
+    "host": "address the web UI binds, and the OTLP receivers unless --otlp-host"
+    " (beyond loopback, add --api-token)",
+    "otlp_host": "address the OTLP receivers bind (gRPC, and HTTP with /metrics and /readyz),"
+    " e.g. 0.0.0.0 to take the fleet's exports while the web UI stays on loopback",
     "http_port": "OTLP/HTTP port (/v1/traces, /v1/metrics)",
     "grpc_port": "OTLP/gRPC port",
     "web_port": "web UI and JSON API port",
@@ -92,6 +142,10 @@ HELP: dict[str, str] = {
     "decision_wait_s": "decide traces whose root never ends after this many seconds",
     "baseline": "probability of keeping an unremarkable trace",
     "max_buffered_spans": "bound of the tail buffer; beyond it receivers answer 503",
+    "max_buffered_bytes": "bound of what the tail buffer's traces weigh in memory (reckoned from"
+    " their strings, plus ~1 KB a span); beyond it receivers answer 503. The span bound alone"
+    " lets big attributes through (40 spans of 15 MiB each took 660 MB); 512 MiB on top of"
+    " DuckDB's 256MB and the process's ~250 MiB keeps serve near 1 GiB, for a 2 GiB host",
     "max_body_bytes": "largest accepted request body (also after gzip)",
     "slo_ttft_ms": "keep every trace whose TTFT exceeds this",
     "slo_e2e_ms": "keep every trace whose end-to-end time exceeds this",
@@ -114,12 +168,14 @@ HELP: dict[str, str] = {
 
 def shown_default(name: str) -> str:
     """Gives a setting's default as `serve --help` and the docs say it."""
+    if name == "otlp_host":
+        return "same as --host"
     if name == "duckdb_memory_limit":
         from tokentrace.store.location import DEFAULT_MEMORY_LIMIT
 
         return DEFAULT_MEMORY_LIMIT  # applied when the database is opened
     default: Any = CollectorSettings.__dataclass_fields__[name].default
-    if name == "max_body_bytes":
+    if name in ("max_body_bytes", "max_buffered_bytes"):
         return f"{default} ({default // (1024 * 1024)} MiB)"
     return "none" if default is None or default == "" else str(default)
 
@@ -128,17 +184,26 @@ def resolve(explicit: dict[str, Any] | None = None) -> CollectorSettings:
     """Builds the settings: explicit (non-None) values, else environment, else default."""
     explicit = explicit or {}
     values: dict[str, Any] = {}
+    from_env: dict[str, str] = {}  # the settings taken from the environment: their raw text
     for f in fields(CollectorSettings):
         value = explicit.get(f.name)
         if value is None:
             raw = os.environ.get(ENV[f.name])
             if raw is not None and raw != "":
                 value = _convert(f.name, raw)
+                from_env[f.name] = raw
         if value is not None:
             values[f.name] = value
     if "db" in values or DB_ENV in os.environ:
         values["db"] = resolve_db_path(values.get("db"))
-    return CollectorSettings(**values)
+    try:
+        return CollectorSettings(**values)
+    except SettingError as exc:
+        # a value nobody typed on this command line: say where it came from
+        blamed = [f"{ENV[name]}={from_env[name]!r}" for name in exc.settings if name in from_env]
+        if not blamed:
+            raise
+        raise SettingError(exc.settings, f"{exc} (from {', '.join(blamed)})") from exc
 
 
 def _convert(name: str, raw: str) -> Any:

@@ -60,6 +60,9 @@ _STORE_WORDS = (
 #: Backoff between retries of a write the store refused: first, then doubled up to the last.
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 10.0
+#: Rows DuckDB would not take are logged with their reason at most this often
+#: (the first time with a traceback); the ones in between are counted in the next line.
+DROP_LOG_EVERY_S = 60.0
 
 
 def is_store_error(exc: BaseException) -> bool:
@@ -246,6 +249,14 @@ class Writer:
         self.rows_lost_at_close = 0
         self._deadline: float | None = None
         self._wake = threading.Event()
+        # rows dropped as DuckDB would not take them: when that was last logged,
+        # and how many were dropped since without a line of their own
+        self._drop_logged_at: float | None = None
+        self._drops_unlogged = 0
+        #: why the writer thread ended before `close()` (None while it runs):
+        #: a bug; the store then takes no writes and the receivers refuse exports
+        self._dead: BaseException | None = None
+        self._dead_since = 0.0
         self._thread.start()
 
     @property
@@ -255,17 +266,26 @@ class Writer:
 
     @property
     def store_error(self) -> str | None:
-        """Why the store takes no writes now (the original error), None while it does."""
+        """Why the store takes no writes now (the original error, or the writer
+        thread's death), None while it does."""
+        dead = self._dead
+        if dead is not None:
+            return (
+                f"the writer thread stopped ({type(dead).__name__}: {dead}): nothing more is "
+                "written, restart the collector"
+            )
         exc = self._store_error
         return None if exc is None else f"{type(exc).__name__}: {exc}"
 
     @property
     def store_writable(self) -> bool:
-        return self._store_error is None
+        return self._store_error is None and self._dead is None
 
     @property
     def failing_for_seconds(self) -> float:
         """How long writes have been failing (0 while they work)."""
+        if self._dead is not None:
+            return time.monotonic() - self._dead_since
         return time.monotonic() - self._failing_since if self._store_error is not None else 0.0
 
     @property
@@ -281,6 +301,8 @@ class Writer:
         """Queues a batch for writing; gives False (nothing queued) when full."""
         if not batch:
             return True
+        if self._dead is not None:  # nobody would ever write it
+            return False
         try:
             self._queue.put_nowait(batch)
             return True
@@ -291,6 +313,8 @@ class Writer:
         """Queues a batch, waiting for room (decision rounds, shutdown flush)."""
         if not batch:
             return True
+        if self._dead is not None:  # nobody would ever write it (nor make room)
+            return False
         try:
             self._queue.put(batch, timeout=timeout)
             return True
@@ -298,9 +322,10 @@ class Writer:
             return False
 
     def flush(self, timeout: float = 30.0) -> None:
-        """Waits until everything queued so far is written."""
+        """Waits until everything queued so far is written (not for a writer thread that
+        has stopped: nothing would be)."""
         deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+        while self._queue.unfinished_tasks and self._dead is None and time.monotonic() < deadline:
             time.sleep(0.01)
 
     def close(self, timeout: float = 30.0) -> None:
@@ -313,11 +338,14 @@ class Writer:
         self._stopped = True
         self._deadline = time.monotonic() + timeout
         self._wake.set()  # a writer waiting out a backoff retries now
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            pass  # the writer gives up at the deadline and stops anyway
-        self._thread.join(max(0.0, self._deadline - time.monotonic()) + RETRY_MAX_S)
+        if self._dead is not None or not self._thread.is_alive():
+            self._drop_queued_of_dead_writer()
+        else:
+            try:
+                self._queue.put(None, timeout=timeout)
+            except queue.Full:
+                pass  # the writer gives up at the deadline and stops anyway
+            self._thread.join(max(0.0, self._deadline - time.monotonic()) + RETRY_MAX_S)
         try:
             self._conn.execute("CHECKPOINT")
         except duckdb.Error:
@@ -325,48 +353,102 @@ class Writer:
 
     # ---- writer thread -------------------------------------------------------
     def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                self._queue.task_done()
-                return
-            # Coalesce whatever else is waiting into one transaction.
-            items = [item]
-            stop = False
-            while len(items) < 64:
+        try:
+            while True:
                 try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                items.append(nxt)
-            self._held = len(items)
-            gave_up = False
+                    if not self._step():
+                        return
+                except Exception as exc:  # a bug: say so, keep writing what comes next
+                    logger.error(
+                        "tokentrace: the DuckDB writer hit an unexpected error (%s: %s); "
+                        "it keeps running", type(exc).__name__, exc, exc_info=exc,
+                    )  # fmt: skip
+        except BaseException as exc:  # not even that: receivers refuse exports from now on
+            self._dead_since = time.monotonic()
+            self._dead = exc
+            logger.critical(
+                "tokentrace: the DuckDB writer thread stopped (%s: %s): nothing more is "
+                "written; exports are refused (503) and /readyz says so: restart the collector",
+                type(exc).__name__, exc, exc_info=exc,
+            )  # fmt: skip
+
+    def _step(self) -> bool:
+        """Takes what is queued (up to 64 batches) and writes it in one
+        transaction; False once `close()`'s stop has been taken."""
+        item = self._queue.get()
+        if item is None:
+            self._queue.task_done()
+            return False
+        # Coalesce whatever else is waiting into one transaction.
+        items = [item]
+        stop = False
+        while len(items) < 64:
             try:
-                self._write_items(items)
-            except _GaveUp:
-                gave_up = True
-                self._give_up(items, stop)
-            finally:
-                self._held = 0
-                for _ in items:
-                    self._queue.task_done()
-            if gave_up:
-                return
-            if stop:
+                nxt = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None:
+                stop = True
+                break
+            items.append(nxt)
+        self._held = len(items)
+        gave_up = False
+        try:
+            self._write_items(items)
+        except _GaveUp:
+            gave_up = True
+            self._give_up(items, stop)
+        except Exception as exc:  # a bug in the writer itself, not a row's or the store's fault
+            rows = sum(len(_rows(b)) for b in items)
+            logger.error(
+                "tokentrace: the DuckDB writer failed unexpectedly on %d batches (%d rows, "
+                "some of them may not be written) (%s: %s); it keeps running",
+                len(items), rows, type(exc).__name__, exc, exc_info=exc,
+            )  # fmt: skip
+        finally:
+            self._held = 0
+            for _ in items:
                 self._queue.task_done()
-                return
+        if gave_up:
+            return False
+        if stop:
+            self._queue.task_done()
+            return False
+        return True
+
+    def _drain_lost(self, lost: list[WriteBatch]) -> tuple[list[WriteBatch], int]:
+        """At close, when nothing more can be written: empties the queue into `lost`;
+        gives it and its row count (added to `rows_lost_at_close`)."""
+        while True:
+            try:
+                nxt = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            self._queue.task_done()
+            if nxt is not None:
+                lost.append(nxt)
+        rows = sum(len(_rows(b)) for b in lost)
+        self.rows_lost_at_close += rows
+        return lost, rows
+
+    def _drop_queued_of_dead_writer(self) -> None:
+        """At close, with the writer thread gone: what waits can never be written."""
+        lost, rows = self._drain_lost([])
+        if lost:
+            logger.error(
+                "tokentrace: shutting down with the writer thread stopped (%s): %d batches "
+                "(%d rows) could not be written",
+                self.store_error, len(lost), rows,
+            )  # fmt: skip
 
     def _write_items(self, items: list[WriteBatch]) -> None:
         try:
             self._write_retrying(items)
         except _GaveUp:
             raise
-        except Exception:
-            logger.exception("tokentrace: write of %d batches failed; retrying them apart", len(items))
-            self._write_apart(items)
+        except Exception as exc:
+            logger.debug("tokentrace: write of %d batches failed (%s); retrying them apart", len(items), exc)
+            self._write_apart(items, exc)
 
     def _write_retrying(self, items: list[WriteBatch]) -> None:
         """Writes the batches in one transaction.  While the store refuses
@@ -424,44 +506,39 @@ class Writer:
 
     def _give_up(self, items: list[WriteBatch], stop_taken: bool) -> None:
         """At close's deadline with the store still failing: drops what waits (logged)."""
-        lost = list(items)
         if stop_taken:  # the close sentinel came with `items`
             self._queue.task_done()
-        while True:
-            try:
-                nxt = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            self._queue.task_done()
-            if nxt is not None:
-                lost.append(nxt)
-        rows = sum(len(_rows(b)) for b in lost)
-        self.rows_lost_at_close += rows
+        lost, rows = self._drain_lost(list(items))
         logger.error(
             "tokentrace: shutting down with the store still failing (%s): %d batches "
             "(%d rows) could not be written",
             self.store_error, len(lost), rows,
         )  # fmt: skip
 
-    def _write_apart(self, items: list[WriteBatch]) -> None:
-        """Writes every row that DuckDB takes after a failed write: one value it
-        cannot take (a number beyond its column) fails the transaction of every
-        batch coalesced with it, so the rows are split into halves until each
-        failing row is alone; only those are dropped (and counted)."""
+    def _write_apart(self, items: list[WriteBatch], error: Exception) -> None:
+        """Writes every row that DuckDB takes after a failed write (`error`): one
+        value it cannot take (a number beyond its column) fails the transaction of
+        every batch coalesced with it, so the rows are split into halves until each
+        failing row is alone; only those are dropped (counted, and logged with
+        the reason DuckDB gave)."""
         pieces = [piece for batch in items for piece in _pieces(batch)]
-        failed: list[WriteBatch] = []
-        errors: list[Exception] = []
-        self._bisect(pieces, failed, errors)
+        failed: list[tuple[WriteBatch, Exception]] = []
+        self._bisect(pieces, error, failed)
         if failed:
-            self.write_errors += len(failed)
-            logger.error(
-                "tokentrace: dropped %d of %d rows DuckDB would not take (first: %s; error: %s)",
-                len(failed), len(pieces), _describe(failed[0]), errors[0],
+            self._log_dropped(failed, len(pieces))
+        else:  # every row went in when written apart: say what the first write met
+            logger.warning(
+                "tokentrace: a write of %d rows failed (%s: %s) but each of them was written "
+                "when retried apart", len(pieces), type(error).__name__, error,
             )  # fmt: skip
 
-    def _bisect(self, pieces: list[WriteBatch], failed: list[WriteBatch], errors: list[Exception]) -> None:
-        if len(pieces) == 1:
-            failed.extend(pieces)
+    def _bisect(
+        self, pieces: list[WriteBatch], error: Exception, failed: list[tuple[WriteBatch, Exception]]
+    ) -> None:
+        """`pieces` failed to write together with `error`: writes what of them
+        DuckDB takes; each row it refuses alone goes to `failed` with its error."""
+        if len(pieces) <= 1:
+            failed.extend((piece, error) for piece in pieces)
             return
         mid = len(pieces) // 2
         for half in (pieces[:mid], pieces[mid:]):
@@ -471,8 +548,29 @@ class Writer:
             except _GaveUp:
                 raise
             except Exception as exc:
-                errors.append(exc)
-                self._bisect(half, failed, errors)
+                self._bisect(half, exc, failed)
+
+    def _log_dropped(self, failed: list[tuple[WriteBatch, Exception]], total: int) -> None:
+        """Counts the dropped rows; logs them with the reason, at most once every
+        `DROP_LOG_EVERY_S` (a sender repeating a bad value must not flood the log)."""
+        self.write_errors += len(failed)
+        self._drops_unlogged += len(failed)
+        now = time.monotonic()
+        last = self._drop_logged_at
+        if last is not None and now - last < DROP_LOG_EVERY_S:
+            return
+        first = last is None
+        piece, error = failed[0]
+        since = self._drops_unlogged - len(failed)
+        logger.error(
+            "tokentrace: dropped %d of %d rows DuckDB would not take, the others were written "
+            "(first: %s; error: %s: %s)%s",
+            len(failed), total, _describe(piece), type(error).__name__, error,
+            f"; {since} more rows were dropped since the last such message" if since else "",
+            exc_info=error if first else None,
+        )  # fmt: skip
+        self._drop_logged_at = now
+        self._drops_unlogged = 0
 
     def _write(self, items: list[WriteBatch]) -> None:
         t0 = time.perf_counter()

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMappi
 from typing import Any
 
 from tokentrace.instrumentation import semconv
+from tokentrace.instrumentation._errors import HttpStatusError
 from tokentrace.instrumentation._request import RequestTrace, _current, request
 from tokentrace.instrumentation._safety import log_once
 
@@ -147,7 +148,7 @@ class TokentraceMiddleware:
                 if status:
                     req.set_attribute(semconv.HTTP_STATUS, status[0])
                     if status[0] >= 500 and error is None:
-                        req.record_error(RuntimeError(f"HTTP {status[0]}"))
+                        req.record_error(HttpStatusError(f"HTTP {status[0]}"))
             except Exception as exc:
                 log_once("ASGI request attributes", exc)
             req.finish(error)

@@ -11,11 +11,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._config import get_tracing
+from tokentrace.instrumentation._errors import record_error
 from tokentrace.instrumentation._request import add_identity
 from tokentrace.instrumentation._safety import count_or_zero, log_once
 
@@ -81,9 +82,9 @@ class ClientRequest:
             self._span.set_attribute(key, value)
 
     def record_error(self, exc: BaseException) -> None:
+        """Marks the call failed; the exception's message only with `record_content`."""
         if self._span.is_recording():
-            self._span.record_exception(exc)
-            self._span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            record_error(self._span, exc, get_tracing().settings.record_content)
 
     @property
     def chunk_count(self) -> int:

@@ -243,6 +243,16 @@ class GpuSampler:
     def stop(self) -> None:
         """Stops both threads (the exporter ships what is left) and closes the backend; runs once."""
         global _active
+        if _active is self:
+            # Requests finished while it ran get their GPU summary when the finisher
+            # builds their spans (within FINISH_INTERVAL_S): build them now, while the
+            # samples are still here, or `stop()` right after a request loses its summary.
+            from tokentrace.instrumentation._request import finisher
+
+            try:
+                finisher.flush()
+            except Exception as exc:  # the SDK's own failure must never reach the host
+                log_once("request finish before GPU sampler stop", exc)
         self._stop.set()
         for t in self._threads:
             t.join(timeout=EXPORT_TIMEOUT_S + 1)
@@ -301,7 +311,15 @@ def start_gpu_sampler(
             if backend.device_count() == 0:
                 backend.close()
                 raise RuntimeError("NVML sees no GPU")
-        except Exception as exc:
+        except ImportError as exc:
+            # asked for GPU sampling, but the package is missing: worth a warning
+            logger.warning(
+                'tokentrace: GPU sampler off: %s (pip install "tokentrace[gpu]" installs'
+                " nvidia-ml-py)",
+                exc,
+            )
+            backend = None
+        except Exception as exc:  # no driver or no GPU: the usual case on a CPU machine
             logger.info("tokentrace: GPU sampler off (%s)", exc)
             backend = None
     sampler = GpuSampler(

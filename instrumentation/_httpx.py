@@ -20,6 +20,7 @@ import wrapt
 
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._client import ClientRequest
+from tokentrace.instrumentation._errors import HttpStatusError
 from tokentrace.instrumentation._safety import log_once
 
 _in_client_span: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -130,7 +131,7 @@ def _after_response(cr: ClientRequest, response: Any, streaming: bool, async_: b
         if response.status_code >= 400:
             # on a CLIENT span 4xx is an error too (OpenTelemetry's HTTP conventions):
             # a 429 or a 404 is a call the user did not get an answer from
-            cr.record_error(RuntimeError(f"HTTP {response.status_code}"))
+            cr.record_error(HttpStatusError(f"HTTP {response.status_code}"))
         if streaming:
             sync_cls, async_cls = _streams(_package_of(response))
             response.stream = (async_cls if async_ else sync_cls)(response.stream, cr)

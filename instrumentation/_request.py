@@ -23,13 +23,14 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tokentrace.instrumentation import _cold_start as cold_start
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._background import QueueFlusher, yield_gil
 from tokentrace.instrumentation._config import add_flush_hook, get_tracing
+from tokentrace.instrumentation._errors import record_error
 from tokentrace.instrumentation._forward import poll_device_timings
 from tokentrace.instrumentation._gpu import gpu_summary
 from tokentrace.instrumentation._pending_span import PendingSpan
@@ -267,10 +268,11 @@ class RequestTrace(DeviceTally):
             self.set_attribute(semconv.COMPLETION_TEXT, str(completion))
 
     def record_error(self, exc: BaseException) -> None:
+        """Marks the request failed; the exception's message only with `record_content`
+        (a message may quote the prompt: `_errors`)."""
         span = self.span
         if span.is_recording():
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            record_error(span, exc, self._tracing.settings.record_content)
 
     @property
     def span(self) -> trace.Span:

@@ -7,7 +7,8 @@ CORS check in the way.  Such a request still says the attacker's name in its
 `Host` header, so a loopback-bound server answers only requests whose `Host`
 names this machine (`localhost`, `127.0.0.1`, `[::1]`, any port), as Jupyter
 does.  The explorer (reading traces) and the OTLP/HTTP receiver (writing them)
-both check it.
+both check it, each against the address it binds itself (`--host` and
+`--otlp-host` may differ).
 """
 
 from __future__ import annotations
@@ -50,10 +51,11 @@ def foreign_host(header: str | None) -> bool:
     return name is None or not is_loopback(name)
 
 
-def refusal_message(header: str, server: str) -> str:
-    """Says why `server` (e.g. "the explorer") refused a request whose `Host` is `header`."""
+def refusal_message(header: str, server: str, flag: str = "--host") -> str:
+    """Says why `server` (e.g. "the explorer") refused a request whose `Host` is `header`;
+    `flag` is the option that sets the address `server` binds."""
     return (
         f"Host {header[:100]!r} is not this machine: {server} listens on a loopback address and "
         "answers only http://127.0.0.1:…, http://localhost:… or http://[::1]:… (this guards "
-        "against DNS rebinding; bind another address with --host to serve others)"
+        f"against DNS rebinding; bind another address with {flag} to serve others)"
     )

@@ -100,6 +100,7 @@ def _serve_parser(sub: _WithParents) -> None:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from tokentrace.collector.service import serve
     from tokentrace.collector.settings import CollectorSettings, resolve
+    from tokentrace.store.connection import keep_store_private
 
     explicit = {k: getattr(args, k) for k in CollectorSettings.__dataclass_fields__}
     settings = resolve(explicit)
@@ -109,9 +110,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             "tokentrace serve settings: %s",
             ", ".join(f"{k}={'***' if k == 'api_token' and v else v}" for k, v in dataclasses.asdict(settings).items()),
         )
+        otlp = settings.otlp_bind_host  # may differ from the web UI's (--otlp-host)
         print(
-            f"tokentrace {__version__}: OTLP/HTTP on http://{settings.host}:{settings.http_port}, "
-            f"OTLP/gRPC on {settings.host}:{settings.grpc_port}, "
+            f"tokentrace {__version__}: OTLP/HTTP on http://{otlp}:{settings.http_port}, "
+            f"OTLP/gRPC on {otlp}:{settings.grpc_port}, "
             f"web UI on http://{settings.host}:{settings.web_port}, db {settings.db}",
             flush=True,
         )
@@ -119,12 +121,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     warning = exposure_warning(settings.host, settings.api_token)
     if warning:
         print(f"tokentrace serve: warning: {warning}", file=sys.stderr, flush=True)
+    keep_store_private(settings.db)  # the WAL DuckDB re-creates later, as private as the file
     serve(settings, ready)
     return 0
 
 
 def exposure_warning(host: str, api_token: str | None) -> str | None:
-    """Says so when `serve` would show every trace to the network without a token."""
+    """Says so when `serve` would show every trace to the network without a token.
+
+    `host` is the web UI's address: only the explorer shows traces.  The OTLP
+    receivers (`--otlp-host`) take exports and show /metrics, as an OpenTelemetry
+    Collector's do, so binding them beyond loopback needs no token."""
     from tokentrace._loopback import is_loopback
 
     if api_token or is_loopback(host):
@@ -139,8 +146,10 @@ def exposure_warning(host: str, api_token: str | None) -> str | None:
 def _cmd_import(args: argparse.Namespace) -> int:
     from tokentrace.collector.service import import_files
     from tokentrace.collector.settings import resolve
+    from tokentrace.store.connection import keep_store_private
 
     settings = resolve({"db": args.db, "baseline": args.baseline})
+    keep_store_private(settings.db)
     counts = import_files(settings, args.files)
     print(
         f"imported {counted(counts['spans'], 'span')} from {counted(counts['files'], 'file')}: "
@@ -302,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--format",
         choices=("jsonl", "csv", "parquet"),
         default="jsonl",
-        help="JSON lines (default), CSV, or Parquet (needs --output)",
+        help="JSON lines (default), CSV, or Parquet (binary: to --output or a pipe, not a terminal)",
     )
     p.add_argument("--output", "-o", type=Path, help="write to this file instead of stdout")
     p.add_argument("--limit", type=_positive_int, help="at most this many rows")

@@ -145,6 +145,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from tokentrace import instrumentation as tt
     from tokentrace.collector.service import start_servers
     from tokentrace.collector.settings import resolve
+    from tokentrace.store.connection import keep_store_private
 
     wanted = getattr(args, "scenarios", None)
     scenarios = [get_scenario(n.strip()) for n in wanted.split(",")] if wanted else list(SCENARIOS)
@@ -166,6 +167,7 @@ def run_demo(args: argparse.Namespace) -> int:
         }
     )
     out = sys.stdout
+    keep_store_private(settings.db)  # its WAL as private as the file (tokentrace/store/connection.py)
     try:
         demo = start_servers(settings)
     except (OSError, RuntimeError) as exc:

@@ -9,6 +9,8 @@ from urllib.parse import urlencode
 
 import jinja2
 
+from tokentrace._words import noun
+
 
 def ms(value: Any, digits: int = 1) -> str:
     """Gives a millisecond figure for people: '—' when not measured, seconds from 1 s on.
@@ -29,6 +31,11 @@ def ms(value: Any, digits: int = 1) -> str:
 
 def num(value: Any, digits: int = 0) -> str:
     return "—" if value is None else f"{float(value):,.{digits}f}"
+
+
+def counted(n: Any, one: str) -> str:
+    """Gives a count with its noun, '1 token' / '1,095 tokens' ('—' when not measured)."""
+    return "—" if n is None else f"{int(n):,} {noun(int(n), one)}"
 
 
 def pct(value: Any, digits: int = 1) -> str:
@@ -57,5 +64,5 @@ def value(v: Any) -> str:
 
 
 def install(env: jinja2.Environment) -> None:
-    env.filters.update(ms=ms, num=num, pct=pct, when=when, value=value)
+    env.filters.update(ms=ms, num=num, counted=counted, pct=pct, when=when, value=value)
     env.globals.update(qs=qs)

@@ -5,7 +5,9 @@ The explorer serves traces (prompts, tenants) to whoever can reach its port, so:
 - bound to a loopback address, it answers only requests whose `Host` names this
   machine (`tokentrace._loopback`: DNS rebinding is refused);
 - with a token, every route (pages, API, exports, static files) needs it, compared
-  in constant time and never echoed;
+  in constant time and never echoed, except the liveness probe `GET /healthz`
+  (`{"status": "ok"}` and nothing else), which load balancers and Kubernetes ask
+  without secrets;
 - every response, refusals and errors included, carries the security headers.
 """
 
@@ -93,18 +95,29 @@ def token_check(token: str, request: Request) -> Response | None:
     )
 
 
+#: Answered without the token (Host is still checked): what a liveness probe asks, and its
+#: answer says nothing about the traces (Grafana's /api/health, Jaeger's health port alike).
+OPEN_PATHS = frozenset({"/healthz"})
+
+
+def needs_token(request: Request) -> bool:
+    """Whether `request` must carry the token: all but a GET/HEAD of a liveness path."""
+    return not (request.method in ("GET", "HEAD") and request.url.path in OPEN_PATHS)
+
+
 Guard = Callable[[Request, Callable[[Request], Awaitable[Response]]], Awaitable[Response]]
 
 
 def make_guard(bind_host: str, token: str | None) -> Guard:
-    """Gives the middleware that checks Host (when bound to loopback) and the token, then adds headers."""
+    """Gives the middleware that checks Host (when bound to loopback) and the token (but for
+    `OPEN_PATHS`), then adds headers."""
     check_host = is_loopback(bind_host)
 
     async def guard(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
         refusal = host_refusal(request) if check_host else None
-        if refusal is None and token is not None:
+        if refusal is None and token is not None and needs_token(request):
             refusal = token_check(token, request)
         return secure(refusal if refusal is not None else await call_next(request))
 

@@ -147,7 +147,9 @@ def parse_view_filters(params: Mapping[str, str]) -> ViewFilters:
     window = _text(params, "window") or DEFAULT_WINDOW
     if window not in WINDOWS_NS:
         raise ParamError(f"window must be one of {', '.join(WINDOWS_NS)}, not {window!r}")
-    traffic_class = _text(params, "class")
+    # `traffic_class` as `tokentrace requests --traffic-class` spells it: an alias,
+    # rather than a filter silently ignored
+    traffic_class = _text(params, "class") or _text(params, "traffic_class")
     if traffic_class is not None and traffic_class not in TRAFFIC_CLASSES:
         raise ParamError(
             f"class must be one of {', '.join(TRAFFIC_CLASSES)}, not {traffic_class!r}"

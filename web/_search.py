@@ -12,8 +12,7 @@ import duckdb
 
 from tokentrace.web._db import fetch_dicts, table_columns, time_limit
 from tokentrace.web._overview import newest_start_ns
-from tokentrace.web._params import ParamError, SearchParams, ViewFilters
-from tokentrace.web._report_cache import REPORT_TIME_LIMIT_S, ReportCache
+from tokentrace.web._params import ParamError, SearchParams
 
 #: Columns each result row shows (read by name: missing ones are left out).
 RESULT_COLUMNS = (
@@ -31,10 +30,8 @@ DOMINANT_BUCKET_SQL = (
 )
 
 
-def complaint_trace_ids(reports: ReportCache, complaint: str, view: ViewFilters) -> list[str] | None:
-    """Gives the trace ids the current finding `complaint` names, None when there is no such finding."""
-    cached, _ = reports.get(view, wait_s=REPORT_TIME_LIMIT_S)
-    report = cached.report if cached is not None else {}
+def complaint_trace_ids(report: dict[str, Any], complaint: str) -> list[str] | None:
+    """Gives the trace ids the current finding `complaint` of `report` names, None when there is no such finding."""
     for finding in report.get("findings", []):
         if finding.get("complaint") == complaint:
             ids = finding.get("affected_trace_ids") or finding.get("example_traces") or []
@@ -48,8 +45,13 @@ def _sort_key(column: str, dtype: str) -> str:
     return f'coalesce("{column}", {sentinel})'
 
 
-def search_data(cur: duckdb.DuckDBPyConnection, p: SearchParams, reports: ReportCache) -> dict[str, Any]:
-    """Gives one page of matching requests, the total count and the next page's cursor."""
+def search_data(
+    cur: duckdb.DuckDBPyConnection, p: SearchParams, report: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Gives one page of matching requests, the total count and the next page's cursor.
+
+    `report` is the diagnosis of `p.view` whose findings a `complaint` filter reads (the
+    caller waits for it: `ReportCache.wait`); None or {} when it is not ready: no finding."""
     schema = table_columns(cur, "requests")
     if p.sort not in schema:
         raise ParamError(f"sort column {p.sort!r} is not in this database's requests table")
@@ -74,7 +76,7 @@ def search_data(cur: duckdb.DuckDBPyConnection, p: SearchParams, reports: Report
         clauses.append("error")
     note = None
     if p.complaint is not None:
-        ids = complaint_trace_ids(reports, p.complaint, p.view)
+        ids = complaint_trace_ids(report or {}, p.complaint)
         if ids is None:
             note = f"No current finding has complaint id {p.complaint!r}; nothing matches."
             ids = []

@@ -7,6 +7,8 @@ the stall rule is the analyzer's (`analyzer/itl.py`).
 
 from __future__ import annotations
 
+import heapq
+from bisect import bisect_left, bisect_right
 from typing import Any
 
 from tokentrace.analyzer.itl import STALL_FACTOR, STALL_MIN_MS, quantile
@@ -16,6 +18,25 @@ from tokentrace.instrumentation import semconv as sc
 WIDTH = 1000.0
 #: Most engine steps drawn under one timeline; more are summarized, not drawn.
 MAX_STEPS_DRAWN = 2000
+#: Most token ticks (and, apart, client chunks) drawn: a request span may carry a million
+#: token offsets. More are thinned to the first and last time in each of MAX_TIMES_DRAWN / 2
+#: equal slices of the axis, which keeps the first and last token and every gap wider than a
+#: slice (a stall drawn at all is at least one slice wide) exactly where it is.
+MAX_TIMES_DRAWN = 2000
+#: Most stalls shaded and listed: the largest ones, in time order.
+MAX_STALLS_LISTED = 100
+#: Most engine steps listed under one stall.
+MAX_STEPS_PER_STALL = 50
+_STEP_KEYS = (
+    "start_ns",
+    "duration_us",
+    "batch_size",
+    "prefill_tokens",
+    "decode_seqs",
+    "queue_depth",
+    "kv_usage",
+    "served",
+)
 
 
 def _x(ns: int, t0: int, t1: int) -> float:
@@ -43,6 +64,62 @@ def client_chunk_times_ns(client_span: dict[str, Any] | None) -> list[int]:
         return []
 
 
+def _us_to_ms(us: int | None) -> float | None:
+    return None if us is None else round(us / 1000, 3)
+
+
+def thin_times(
+    times_ns: list[int],
+    t0: int,
+    t1: int,
+    most: int = MAX_TIMES_DRAWN,
+    keep: frozenset[int] = frozenset(),
+) -> list[int]:
+    """Gives the indices of `times_ns` to draw, in index order: all of them up to `most`, else
+    those in `keep` (the listed stalls' edges) and the earliest and latest time in each of
+    `(most - len(keep)) // 2` equal slices of [t0, t1]."""
+    if len(times_ns) <= most:
+        return list(range(len(times_ns)))
+    slices = max(1, (most - len(keep)) // 2)
+    span = max(1, t1 - t0)
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, t in enumerate(times_ns):
+        k = min(slices - 1, max(0, (t - t0) * slices // span))
+        j = first.get(k)
+        if j is None:
+            first[k] = last[k] = i
+        elif t < times_ns[j]:
+            first[k] = i
+        elif t >= times_ns[last[k]]:
+            last[k] = i
+    return sorted(set(first.values()) | set(last.values()) | keep)
+
+
+def _marks(
+    times_ns: list[int], t0: int, t1: int, keep: frozenset[int] = frozenset()
+) -> list[dict[str, Any]]:
+    """Gives the ticks to draw for `times_ns`, each with its 1-based number among them all."""
+    return [
+        {"x": _x(times_ns[i], t0, t1), "ms": round((times_ns[i] - t0) / 1e6, 3), "n": i + 1}
+        for i in thin_times(times_ns, t0, t1, keep=keep)
+    ]
+
+
+def _overlapping(
+    steps: list[dict[str, Any]], starts: list[int], longest_ns: int, a: int, b: int
+) -> list[dict[str, Any]]:
+    """Gives the first MAX_STEPS_PER_STALL of `steps` (sorted by start, `starts` their starts)
+    that overlap [a, b]: only those starting in [a - longest step, b] can."""
+    out = []
+    for s in steps[bisect_left(starts, a - longest_ns) : bisect_right(starts, b)]:
+        if s["start_ns"] + s["duration_us"] * 1000 >= a:
+            out.append({k: s[k] for k in _STEP_KEYS})
+            if len(out) == MAX_STEPS_PER_STALL:
+                break
+    return out
+
+
 def build_timeline(
     t0: int,
     t1: int,
@@ -51,47 +128,64 @@ def build_timeline(
     steps: list[dict[str, Any]],
     gpu: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """Gives the drawable timeline of one request between t0 and t1 (unix ns)."""
-    t1 = max(t1, *(tokens_ns or [t1]), *(chunks_ns or [t1]))
+    """Gives the drawable timeline of one request between t0 and t1 (unix ns).
+
+    Bounded however many tokens the request span carries: at most MAX_TIMES_DRAWN token
+    ticks and client chunks, and the MAX_STALLS_LISTED largest stalls (counts say how many
+    there were); steps overlapping a stall are found by bisecting the steps by start.
+    """
+    t1 = max(t1, max(tokens_ns, default=t1), max(chunks_ns, default=t1))
     gaps_ms = [(b - a) / 1e6 for a, b in zip(tokens_ns, tokens_ns[1:], strict=False)]
     threshold = None
     stalls: list[dict[str, Any]] = []
+    stall_count = 0
     if gaps_ms:
         threshold = max(STALL_FACTOR * quantile(sorted(gaps_ms), 0.5), STALL_MIN_MS)
-        for i, gap in enumerate(gaps_ms):
-            if gap > threshold:
-                a, b = tokens_ns[i], tokens_ns[i + 1]
-                overlapping = [
-                    s
-                    for s in steps
-                    if s["start_ns"] <= b and s["start_ns"] + s["duration_us"] * 1000 >= a
-                ]
-                stalls.append(
-                    {
-                        "after_token": i + 1,
-                        "start_ns": a,
-                        "gap_ms": round(gap, 3),
-                        "x": _x(a, t0, t1),
-                        "w": max(1.0, _x(b, t0, t1) - _x(a, t0, t1)),
-                        "steps": [
-                            {k: s[k] for k in ("start_ns", "duration_us", "batch_size", "prefill_tokens",
-                                               "decode_seqs", "queue_depth", "kv_usage", "served")}
-                            for s in overlapping[:50]
-                        ],
-                        "gpu_util_mean": _mean(
-                            [g["utilization_pct"] for g in gpu if a <= g["ts_ns"] <= b and g["utilization_pct"] is not None]
-                        ),
-                    }
-                )  # fmt: skip
+        found = [i for i, gap in enumerate(gaps_ms) if gap > threshold]
+        stall_count = len(found)
+        if stall_count > MAX_STALLS_LISTED:
+            # the largest (the earlier of equal ones), listed in time order
+            found = sorted(heapq.nlargest(MAX_STALLS_LISTED, found, key=lambda i: gaps_ms[i]))
+        by_start = sorted(steps, key=lambda s: s["start_ns"])  # the query's order already
+        starts = [s["start_ns"] for s in by_start]
+        longest_ns = max((s["duration_us"] * 1000 for s in by_start), default=0)
+        samples = sorted(
+            (g for g in gpu if g["utilization_pct"] is not None), key=lambda g: g["ts_ns"]
+        )
+        sample_ts = [g["ts_ns"] for g in samples]
+        for i in found:
+            a, b = tokens_ns[i], tokens_ns[i + 1]
+            within = samples[bisect_left(sample_ts, a) : bisect_right(sample_ts, b)]
+            stalls.append(
+                {
+                    "after_token": i + 1,
+                    "start_ns": a,
+                    "gap_ms": round(gaps_ms[i], 3),
+                    "x": _x(a, t0, t1),
+                    "w": max(1.0, _x(b, t0, t1) - _x(a, t0, t1)),
+                    "steps": _overlapping(by_start, starts, longest_ns, a, b),
+                    "gpu_util_mean": _mean([g["utilization_pct"] for g in within]),
+                }
+            )
     drawn = steps[:MAX_STEPS_DRAWN]
+    # the tokens either side of each listed stall stay drawn, whatever the thinning
+    edges = frozenset(j for g in stalls for j in (g["after_token"] - 1, g["after_token"]))
+    tokens = _marks(tokens_ns, t0, t1, edges)
+    chunks = _marks(chunks_ns, t0, t1)
     return {
         "t0_ns": t0,
         "t1_ns": t1,
         "duration_ms": round((t1 - t0) / 1e6, 3),
-        "tokens": [{"x": _x(t, t0, t1), "ms": round((t - t0) / 1e6, 3)} for t in tokens_ns],
-        "chunks": [{"x": _x(t, t0, t1), "ms": round((t - t0) / 1e6, 3)} for t in chunks_ns],
+        "tokens": tokens,
+        "token_count": len(tokens_ns),
+        "tokens_not_drawn": len(tokens_ns) - len(tokens),
+        "chunks": chunks,
+        "chunk_count": len(chunks_ns),
+        "chunks_not_drawn": len(chunks_ns) - len(chunks),
         "stall_threshold_ms": None if threshold is None else round(threshold, 3),
         "stalls": stalls,
+        "stall_count": stall_count,
+        "stalls_not_listed": stall_count - len(stalls),
         "steps": [
             {
                 "x": _x(s["start_ns"], t0, t1),
@@ -101,6 +195,9 @@ def build_timeline(
                 "prefill_tokens": s["prefill_tokens"],
                 "start_ms": round((s["start_ns"] - t0) / 1e6, 3),
                 "duration_ms": round(s["duration_us"] / 1000, 3),
+                # the timed forward passes: host time vs GPU time (their gap: launch / sync)
+                "forward_host_ms": _us_to_ms(s.get("forward_host_us")),
+                "gpu_ms": _us_to_ms(s.get("gpu_us")),
             }
             for s in drawn
         ],

@@ -145,7 +145,11 @@ def _client_span(spans: list[dict[str, Any]], request_span: dict[str, Any] | Non
 
 
 def _buckets(request: dict[str, Any]) -> list[dict[str, Any]]:
-    """Gives the request's four buckets (queue split into its parts) with % of E2E."""
+    """Gives the request's four buckets (queue split into its parts) with their share of E2E.
+
+    `share` (0..1, None when the part was not measured: network without a client span)
+    is what the page shows, through the `pct` filter like every share on the pages;
+    `pct` (0..100, 0 when not measured) sizes the bar's segments."""
     e2e = request.get("e2e_ms") or 0.0
     parts = [
         ("network", request.get("network_ms")),
@@ -163,10 +167,25 @@ def _buckets(request: dict[str, Any]) -> list[dict[str, Any]]:
                 "name": name,
                 "bucket": bucket,
                 "ms": None if ms is None else round(ms, 3),
+                "share": None if ms is None or not e2e else round(ms / e2e, 6),
                 "pct": round((ms or 0.0) / e2e * 100, 2) if e2e else 0.0,
             }
         )
     return out
+
+
+#: Whether the token timeline has the request's token times: `recorded` (its request span
+#: carries them), `not_kept` (the trace's spans were sampled out, only the summary is
+#: stored), `not_recorded` (spans kept whole, but their emitter sends no per-token times:
+#: vLLM, SGLang, TGI, a plain OpenTelemetry span).
+TOKEN_TIMES = ("recorded", "not_kept", "not_recorded")
+
+
+def _token_times(spans: list[dict[str, Any]], request_span: dict[str, Any] | None, tokens: list[int]) -> str:
+    """Gives which of TOKEN_TIMES holds for one request of the trace."""
+    if tokens or (request_span is not None and sc.TOKEN_OFFSETS_US in request_span["attributes"]):
+        return "recorded"
+    return "not_kept" if not spans else "not_recorded"
 
 
 def _request_view(cur: duckdb.DuckDBPyConnection, request: dict[str, Any], spans: list[dict[str, Any]]) -> dict[str, Any]:
@@ -187,12 +206,14 @@ def _request_view(cur: duckdb.DuckDBPyConnection, request: dict[str, Any], spans
         shared, shared_truncated = fetch_dicts(
             cur, queries.load("trace_shared_requests"), [request["request_id"], start, end], cap=200
         )
-    timeline = build_timeline(start, end, token_times_ns(req_span), client_chunk_times_ns(client), steps, gpu)
+    tokens = token_times_ns(req_span)
+    timeline = build_timeline(start, end, tokens, client_chunk_times_ns(client), steps, gpu)
     summary = {k: v for k, v in request.items()}
     return {
         "summary": summary,
         "buckets": _buckets(request),
         "has_spans": req_span is not None,
+        "token_times": _token_times(spans, req_span, tokens),
         "timeline": timeline,
         "engine_steps": {
             "overlapping": len(steps),

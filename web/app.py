@@ -26,6 +26,7 @@ from fastapi.responses import (
 )
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tokentrace.analyzer.export import write_requests
@@ -43,7 +44,12 @@ from tokentrace.web._params import (
     parse_trace_id,
     parse_view_filters,
 )
-from tokentrace.web._report_cache import REPORT_TIME_LIMIT_S, ReportCache
+from tokentrace.web._report_cache import (
+    REPORT_TIME_LIMIT_S,
+    RETRY_AFTER_S,
+    ReportCache,
+    ReportsBusy,
+)
 from tokentrace.web._search import search_data
 from tokentrace.web._trace import TraceNotFound, load_spans, resolve_trace_prefix, trace_data
 
@@ -66,7 +72,7 @@ def error_status(exc: Exception) -> tuple[int, str]:
         return 400, str(exc)
     if isinstance(exc, TraceNotFound):
         return 404, str(exc)
-    if isinstance(exc, QueryTimeout):
+    if isinstance(exc, (QueryTimeout, ReportsBusy)):
         return 503, str(exc)
     if isinstance(exc, StoreError):
         return 503, str(exc)
@@ -128,10 +134,13 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         status, message = error_status(exc)
         if status == 500:
             logger.exception("web request %s failed", request.url.path, exc_info=exc)
-        return error_response(request, status, message)
+        # too many distinct diagnoses pending: say when to come back
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if isinstance(exc, ReportsBusy) else None
+        return error_response(request, status, message, headers)
 
     # one place maps the web's errors to responses: handlers just raise
-    for error_type in (ParamError, TraceNotFound, StoreError, QueryTimeout, duckdb.Error):
+    errors = (ParamError, TraceNotFound, StoreError, QueryTimeout, ReportsBusy, duckdb.Error)
+    for error_type in errors:
         app.add_exception_handler(error_type, fail)  # type: ignore[arg-type]
 
     def crash(request: Request, exc: Exception) -> Response:
@@ -160,8 +169,10 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         value: dict[str, list[str]] = choices_cache["value"]
         return value
 
-    # Handlers are sync (`def`): FastAPI runs them in its thread pool, so a long
-    # query never blocks the event loop that also serves other pages.
+    # Handlers that query are sync (`def`): FastAPI runs them in its thread pool, so a long
+    # query never blocks the event loop that also serves other pages. Those that wait for a
+    # diagnosis report are async and await it (ReportCache.wait): a wait of minutes must
+    # not hold one of the pool's threads (40), or a flood of them starves every page.
 
     @app.get("/", response_class=HTMLResponse)
     def overview_page(request: Request) -> Response:
@@ -178,20 +189,32 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         with db.cursor() as cur:
             return DataJSONResponse(overview_data(cur, view, reports))
 
+    async def search(params: Any) -> dict[str, Any]:
+        report = None
+        if params.complaint is not None:  # its finding's traces: wait for the report
+            cached, _ = await reports.wait(params.view, REPORT_TIME_LIMIT_S)
+            report = cached.report if cached is not None else {}
+
+        def query() -> dict[str, Any]:
+            with db.cursor() as cur:
+                return search_data(cur, params, report)
+
+        return await run_in_threadpool(query)
+
     @app.get("/search", response_class=HTMLResponse)
-    def search_page(request: Request) -> Response:
+    async def search_page(request: Request) -> Response:
         params = parse_search(request.query_params)
-        with db.cursor() as cur:
-            data = search_data(cur, params, reports)
-        return page(
-            request, "search.html", data, page_name="search", choices=choices(), params=params
+        data = await search(params)
+        return await run_in_threadpool(
+            lambda: page(
+                request, "search.html", data, page_name="search", choices=choices(), params=params
+            )
         )
 
     @app.get("/api/search")
-    def search_api(request: Request) -> Response:
-        params = parse_search(request.query_params)
-        with db.cursor() as cur:
-            return DataJSONResponse(search_data(cur, params, reports))
+    async def search_api(request: Request) -> Response:
+        data = await search(parse_search(request.query_params))
+        return DataJSONResponse(data)
 
     @app.get("/trace")
     def trace_jump(request: Request, id: str = "") -> Response:
@@ -241,19 +264,22 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         )
 
     @app.get("/diagnosis", response_class=HTMLResponse)
-    def diagnosis_page(request: Request) -> Response:
+    async def diagnosis_page(request: Request) -> Response:
         view = parse_view_filters(request.query_params)
-        data = diagnosis(view)
-        return page(
-            request, "diagnosis.html", data, page_name="diagnosis", choices=choices(), view=view
+        data = await diagnosis(view)
+        return await run_in_threadpool(
+            lambda: page(
+                request, "diagnosis.html", data, page_name="diagnosis", choices=choices(), view=view
+            )
         )
 
     @app.get("/api/diagnosis")
-    def diagnosis_api(request: Request) -> Response:
-        return DataJSONResponse(diagnosis(parse_view_filters(request.query_params)))
+    async def diagnosis_api(request: Request) -> Response:
+        return DataJSONResponse(await diagnosis(parse_view_filters(request.query_params)))
 
-    def diagnosis(view: Any) -> dict[str, Any]:
-        cached, refreshing = reports.get(view, wait_s=REPORT_TIME_LIMIT_S)
+    async def diagnosis(view: Any) -> dict[str, Any]:
+        # raises ReportsBusy (503, Retry-After) when other diagnoses fill the queue
+        cached, refreshing = await reports.wait(view, wait_s=REPORT_TIME_LIMIT_S)
         if cached is None:
             raise QueryTimeout("the diagnosis is still being computed; reload in a moment")
         return {
@@ -294,8 +320,11 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         # pages link /static/favicon.svg; browsers still ask here for the JSON twins and exports
         return FileResponse(HERE / "static" / "favicon.svg", media_type="image/svg+xml")
 
-    @app.get("/healthz")
-    def healthz() -> dict[str, str]:
+    # the liveness probe: open without the token (web/_guard.py OPEN_PATHS), so it says
+    # nothing but "ok"; HEAD too, which some load balancers' checks send. Async: answered on
+    # the event loop, never queued behind pages that hold the thread pool
+    @app.api_route("/healthz", methods=["GET", "HEAD"])
+    async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
     return app

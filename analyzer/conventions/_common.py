@@ -97,9 +97,7 @@ def build_summary(
         rd.flag(s.FLAG_IMPOSSIBLE_COUNT)
     if any(x.end_ns < x.start_ns for x in spans):
         rd.flag(s.FLAG_IMPOSSIBLE_VALUE)  # a span that ends before it starts: zero-length
-    top = root
-    for ancestor in trace.ancestors(root):
-        top = ancestor
+    top = trace.top(root)  # remembered per trace: n requests in a chain cost n, not n^2
     if top.parent_span_id and top.parent_span_id not in trace.by_id:
         # a caller traced it (its traceparent came in) but its spans never arrived:
         # sent elsewhere, or lost; what lay above (the network, say) is not measured

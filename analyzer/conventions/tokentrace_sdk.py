@@ -26,7 +26,9 @@ def summarize(trace: TraceView) -> list[s.RequestSummary]:
 
 
 def _summarize_request(trace: TraceView, req: Span) -> s.RequestSummary:
-    phases = list(trace.descendants(req))
+    # a request span inside this one is a request of its own, with its own phases (and a
+    # chain of n requests walks n spans, not n^2)
+    phases = list(trace.descendants(req, until=sc.SPAN_REQUEST))
     rd = ValueReader()
     offsets_ms = rd.times_ms(list_attr(req.attributes, sc.TOKEN_OFFSETS_US), 1 / 1000)
     server_ns = req.duration_ns
@@ -37,7 +39,11 @@ def _summarize_request(trace: TraceView, req: Span) -> s.RequestSummary:
     if offsets_ms:
         first_ns = req.start_ns + round(offsets_ms[0] * NS_PER_MS)
         last_ns = req.start_ns + round(offsets_ms[-1] * NS_PER_MS)
-        start_ns = prefill_start_ns if prefill_start_ns is not None else first_ns
+        if prefill_start_ns is not None:
+            start_ns = prefill_start_ns
+        else:  # no prefill phase: prefill is not measured, and the report must not read it as 0
+            start_ns = first_ns
+            flags.append(s.FLAG_PREFILL_UNMARKED)
         prefill_ns = first_ns - start_ns
         decode_ns = last_ns - first_ns
         ttft_ms: float | None = offsets_ms[0]

@@ -333,7 +333,20 @@ async def _amain(args: argparse.Namespace) -> None:
     specs = load_workload(args.trace, scaling=scaling, limit=args.limit)
     if args.poisson_rate:
         specs = with_poisson_arrivals(specs, args.poisson_rate, seed=args.seed)
-    results = await LoadGenerator(args.url).run(specs, concurrency=args.concurrency)
+    traced = args.otlp_endpoint is not None
+    if traced:
+        from tokentrace import instrumentation as tt
+
+        # each request a client span: what the user felt, and the network bucket
+        # (the server's span, continuing its traceparent, is subtracted from it)
+        tt.configure(endpoint=args.otlp_endpoint, service_name=args.service_name)
+    try:
+        results = await LoadGenerator(args.url, traced=traced).run(
+            specs, concurrency=args.concurrency
+        )
+    finally:
+        if traced:
+            tt.shutdown()  # the last spans go out before the process ends
     print(json.dumps(summarize(results), indent=2))
 
 
@@ -354,6 +367,15 @@ def main(argv: list[str] | None = None) -> None:
         "--concurrency", type=int, default=None, help="closed loop with N in flight"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        help="trace each request as a tokentrace client span to this OTLP/HTTP endpoint"
+        " (e.g. http://127.0.0.1:4318): measures the network bucket; untraced without it",
+    )
+    parser.add_argument(
+        "--service-name", default="load-generator", help="service.name of the client spans"
+    )
     asyncio.run(_amain(parser.parse_args(argv)))
 
 

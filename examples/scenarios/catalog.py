@@ -121,7 +121,7 @@ def stutter_load(quick: bool) -> list[RequestSpec]:
 
 
 def peak_load(quick: bool) -> list[RequestSpec]:
-    # A flash crowd: arrivals jump from 1.5 to 30 req/s for about a second (3x what one
+    # A flash crowd: arrivals jump from 1.5 to 30 req/s for about two seconds (3x what one
     # sequence at a time serves on a quiet CPU, 6x on a busy one), then nobody comes for
     # a few seconds while the backlog drains, then the calm traffic returns.  Calm
     # traffic uses a fifth of the capacity, so outside the crowd nothing queues.

@@ -172,3 +172,22 @@ def test_an_impossible_token_count_from_the_sdk_is_dropped_and_flagged() -> None
     assert r.source == "tokentrace"
     assert s.FLAG_IMPOSSIBLE_COUNT in r.flags
     assert (r.prompt_tokens, r.output_tokens) == (12, None)
+
+
+@pytest.mark.parametrize("wire", [None, 30.0])
+def test_sdk_buckets(wire: float | None) -> None:
+    spans, truth = f.sdk_trace(2.0, 40.0, 90.0, 20.0, 10, wire=wire)
+    r = _check(spans, truth, "tokentrace")
+    assert r.queue_wait_ms == pytest.approx(40.0) and r.tokenize_ms == pytest.approx(2.0)
+    assert s.FLAG_PREFILL_UNMARKED not in r.flags
+
+
+def test_sdk_token_times_without_a_prefill_phase_are_flagged() -> None:
+    # `@tt.traced_request` or `req.token()` alone: the wait before the first token is
+    # all queue, prefill reads 0; the flag says prefill was not measured, not that it was 0.
+    spans, _ = f.sdk_trace(2.0, 40.0, 90.0, 20.0, 10)
+    from tokentrace.instrumentation import semconv as sc
+
+    (r,) = summarize_trace([x for x in spans if x.name != sc.SPAN_PREFILL]).requests
+    assert r.prefill_ms == 0.0 and r.queue_ms == pytest.approx(132.0)
+    assert s.FLAG_PREFILL_UNMARKED in r.flags

@@ -99,3 +99,20 @@ def test_the_text_report_writes_seconds_from_one_second() -> None:
     assert [_ms(v) for v in (None, 912.44, 999.94, 999.96, 9121.5)] == [
         "—", "912.4 ms", "999.9 ms", "1.00 s", "9.12 s",
     ]  # fmt: skip
+
+
+EVIL_TENANT = "mega\x1b]8;;https://evil.example/\x07corp\x1b[2K\u202e\n       fix first: forged"
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown"])
+def test_span_text_cannot_drive_the_terminal_or_forge_lines(write_workload, tmp_path: Path, fmt: str) -> None:  # type: ignore[no-untyped-def]
+    w = workloads.big_tenants_slower()
+    for r in w.requests:
+        if r.tenant == "megacorp":
+            r.tenant = EVIL_TENANT
+    write_workload(w, name="evil.duckdb").close()
+    out = _report(tmp_path / "evil.duckdb", fmt)
+    assert "mega" in out  # the finding names the tenant, written out
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e]", out), "a control character reached the output"
+    assert "forged" not in "\n".join(line for line in out.splitlines() if "mega" not in line)
+    assert "\\x1b" in out

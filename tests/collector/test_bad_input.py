@@ -120,6 +120,8 @@ def test_json_structure_errors_say_which_field(live, doc, says) -> None:  # type
     r = httpx.post(f"{live.http}/v1/traces", json=doc)
     assert r.status_code == 400
     assert says in r.json()["message"]
+    # a google.rpc.Status in JSON, as the protobuf body: INVALID_ARGUMENT, not the HTTP 400
+    assert r.json()["code"] == 3
 
 
 @pytest.mark.parametrize("service", [TRACE_SERVICE, METRICS_SERVICE])

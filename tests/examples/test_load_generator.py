@@ -1,12 +1,17 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 httpx = pytest.importorskip("httpx")
+
+from tt_testkit import start_serve  # noqa: E402
 
 from examples.load.generator import LoadGenerator, PromptBuilder, summarize  # noqa: E402
 from examples.load.workloads import RequestSpec  # noqa: E402
@@ -78,3 +83,23 @@ def test_errors_are_recorded_not_raised(server: ServerHandle) -> None:
     assert results[0].status == 400 and not results[0].ok
     with pytest.raises(ValueError):
         LoadGenerator(server.url, client=httpx.AsyncClient(), client_factory=httpx.AsyncClient)
+
+
+def test_command_line_traces_its_requests_with_otlp_endpoint(
+    server: ServerHandle, tmp_path: Path
+) -> None:
+    # examples/README's "Run it yourself": without client spans the network bucket
+    # is never measured, so the command line must be able to trace its requests.
+    serve = start_serve(tmp_path, "--baseline", "1")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "examples.load.generator", "--url", server.url,
+             "--limit", "3", "--time-compression", "1000", "--max-output-tokens", "3",
+             "--otlp-endpoint", serve.otlp_http, "--service-name", "load-test"],
+            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    finally:
+        serve.stop()
+    rows = serve.rows("select source, service from requests")
+    assert rows and all(row == ("genai_client", "load-test") for row in rows), rows

@@ -116,3 +116,21 @@ def test_serve_stores_engine_steps(serve_sdk) -> None:  # type: ignore[no-untype
         ("sdk-e2e", 0, 2, 2, 2, None, None, ["req-a", "req-b"]),
         ("sdk-e2e", 0, 1, 1, 0, None, 1234, ["req-b"]),
     ]
+
+
+def test_serve_stores_a_steps_forward_host_time(serve_sdk) -> None:  # type: ignore[no-untyped-def]
+    # the SDK always sent it; the collector dropped it, losing the host side of
+    # "GPU time vs host time" per step (on CPU there is no GPU time: NULL)
+    serve, tracing = serve_sdk
+    forward = tt.instrument_model(lambda: time.sleep(0.003), "decode")
+    with tt.engine_step() as step:
+        step.decode("req-f")
+        forward()
+    with tt.engine_step() as step:  # no timed forward in it
+        step.decode("req-g")
+    assert tracing.force_flush(10_000)
+    serve.stop()
+    rows = serve.rows("SELECT request_ids, forward_host_us, gpu_us FROM engine_steps ORDER BY start_ns")
+    assert [r[0] for r in rows] == [["req-f"], ["req-g"]]
+    assert rows[0][1] >= 3000 and rows[0][2] is None
+    assert rows[1][1:] == (None, None)

@@ -133,6 +133,41 @@ def test_running_sampler_exports_and_summarizes_requests(receiver) -> None:  # t
     assert points == sampler.samples_taken == sampler.samples_exported
 
 
+def test_stop_right_after_a_request_keeps_its_gpu_summary(receiver) -> None:  # type: ignore[no-untyped-def]
+    # The usual shutdown order: the last request ends, the sampler stops, then
+    # tt.shutdown().  The request's span is built by the finisher thread later,
+    # after the sampler and its samples are gone, unless stop() builds it first.
+    backend = FakeNvml()
+    sampler = tt.start_gpu_sampler(interval_s=0.01, backend=backend, export=False)
+    with tt.request():
+        deadline = time.monotonic() + 10
+        while backend.reads < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    sampler.stop()
+    assert tt.get_tracing().force_flush()
+    exporter = tt.get_tracing().provider._active_span_processor._span_processors[0].span_exporter
+    span = next(s for s in exporter.get_finished_spans() if s.name == sc.SPAN_REQUEST)
+    assert span.attributes[sc.GPU_UTIL_MEAN] > 0
+
+
+def test_missing_nvidia_ml_py_is_a_warning_with_the_extra_to_install(monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_pynvml(name, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if name == "pynvml":
+            raise ImportError("No module named 'pynvml'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pynvml)
+    sampler = tt.start_gpu_sampler()
+    assert not sampler.running
+    (record,) = [r for r in caplog.records if "GPU sampler off" in r.getMessage()]
+    assert record.levelname == "WARNING"
+    assert "tokentrace[gpu]" in record.getMessage()
+
+
 def test_summary_covers_only_the_window() -> None:
     sampler = _gpu.GpuSampler(FakeNvml(), export=False)
     sampler.sample_once()  # utils 10, 20

@@ -50,6 +50,25 @@ def test_a_version_1_file_keeps_its_rows_and_loses_the_requests_index(tmp_path: 
     assert _indexes(db) == {"spans_trace", "kept_trace"}
 
 
+def test_a_version_2_file_keeps_its_steps_and_gains_forward_host_us(tmp_path: Path) -> None:
+    db = tmp_path / "v2.duckdb"
+    conn = duckdb.connect(str(db))
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL, applied_at TIMESTAMP NOT NULL)")
+    for version in (1, 2):
+        for statement in schema._MIGRATIONS[version]:
+            conn.execute(statement)
+        conn.execute("INSERT INTO schema_version VALUES (?, now())", [version])
+    conn.execute("INSERT INTO engine_steps VALUES ('svc', 'i', 1, 2, 3, 4, 5, 6, 0.5, 700, ['r1'])")
+    conn.close()
+    conn = open_db(db)
+    try:
+        assert conn.execute("SELECT gpu_us, forward_host_us, request_ids FROM engine_steps").fetchall() == [
+            (700, None, ["r1"])
+        ]
+    finally:
+        conn.close()
+
+
 def test_a_newer_file_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "new.duckdb"
     open_db(db).close()

@@ -10,7 +10,7 @@ from typing import Any
 import duckdb
 import pytest
 from hostile import generate_hostile
-from tracegen import GeneratedRequest, generate
+from tracegen import GeneratedRequest, generate, generate_emitters
 from web_testkit import CHROMIUM, CHROMIUM_ARGS, HostileServer, WebServer, explorer
 
 
@@ -32,6 +32,15 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostileServer]
     db, traces = generate_hostile(tmp_path_factory.mktemp("webdb-hostile"))
     with explorer(db) as url:
         yield HostileServer(url, db, traces)
+
+
+@pytest.fixture(scope="session")
+def emitters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """Serves traces of another emitter (vLLM), kept whole but with no per-token times:
+    gives the URL and their trace ids by name (tracegen.generate_emitters)."""
+    db, ids = generate_emitters(tmp_path_factory.mktemp("webdb-emitters"))
+    with explorer(db) as url:
+        yield url, ids
 
 
 #: The second database's idle stretch between its two halves of requests.

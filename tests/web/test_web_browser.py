@@ -9,8 +9,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
-from tracegen import XSS_ATTR, XSS_NAME
+from tracegen import VLLM_OUTPUT_TOKENS, XSS_ATTR, XSS_NAME
 from web_testkit import BROWSER_MARKS, WebServer
 
 pytestmark = BROWSER_MARKS
@@ -82,6 +83,32 @@ def test_trace_waterfall_collapses_and_shows_details(web: WebServer, page: Any, 
     assert page.js_errors == []
 
 
+def test_kept_spans_without_token_times_say_so_not_zero_tokens(
+    emitters: tuple[str, dict[str, str]], web: WebServer, page: Any, tmp_path: Path
+) -> None:
+    """vLLM's spans, kept whole, carry no per-token times: the timeline says what is known
+    (the output token count, when sent) and that the emitter did not record the times,
+    never "0 tokens" as if the request produced nothing."""
+    url, ids = emitters
+    for name, expected in (
+        ("with_count", f"{VLLM_OUTPUT_TOKENS} output tokens; token times not recorded by this emitter (vllm) · 2.90 s"),
+        ("without_count", "token times not recorded by this emitter (vllm) · 2.90 s"),
+    ):
+        page.goto(f"{url}/trace/{ids[name]}")
+        summary = page.locator(".tl-summary").inner_text()
+        assert not re.search(r"\b0 tokens?\b", summary) and "sampled out" not in summary, summary
+        assert summary.startswith(expected), (name, summary)
+        data = httpx.get(f"{url}/api/trace/{ids[name]}", timeout=30).json()  # the JSON twin says it too
+        assert data["span_count"] == 1 and data["kept"], "the trace is kept whole"
+        assert data["requests"][0]["token_times"] == "not_recorded"
+        _shot(page, tmp_path, f"vllm-{name}")
+    # the SDK's own spans still count their tokens
+    kept = web.requests[0]  # an error: always kept
+    page.goto(f"{web.url}/trace/{kept.trace_id}")
+    assert page.locator(".tl-summary").inner_text().startswith(f"{len(kept.tokens_abs_ns)} tokens over ")
+    assert page.js_errors == []
+
+
 def test_diagnosis_page(web: WebServer, page: Any, tmp_path: Path) -> None:
     page.goto(web.url + "/diagnosis")
     assert page.locator("h1", has_text="Diagnosis").count() == 1
@@ -111,8 +138,6 @@ def test_injected_markup_in_spans_never_executes(web: WebServer, page: Any, tmp_
 
 
 def _has_spans(web: WebServer, trace_id: str) -> bool:
-    import httpx
-
     return bool(httpx.get(f"{web.url}/api/trace/{trace_id}", timeout=30).json()["span_count"])
 
 

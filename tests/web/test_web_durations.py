@@ -179,3 +179,30 @@ def test_the_pages_duration_formatter_agrees_with_the_cards(web: WebServer, page
     values += [(k / 4, 1) for k in range(0, 12000, 7)] + [(k / 100, 2) for k in range(0, 300000, 997)]
     shown = page.evaluate(f"values => {{ {block[0]} return values.map(([v, d]) => duration.text(v, d)); }}", values)
     assert [(v, d, s) for (v, d), s in zip(values, shown, strict=True) if s != ms(v, d)] == []
+
+
+def test_trace_bucket_parts_read_like_every_other_duration_and_share(
+    web: WebServer, emitters: tuple[str, dict[str, str]], stalled_traces: list[dict[str, Any]], page: Any
+) -> None:
+    """The trace page's buckets and queue parts (`queue_wait`, `tokenize`, `other`): each
+    duration as the cards give it (`ms`), each share as every share on the pages (`pct`:
+    one decimal, "3.6 %", not "3.62 %"), and a part not measured "—" alone, never "0.0 %"."""
+    from tokentrace.web._format import pct
+
+    parts = ("network", "queue_wait", "tokenize", "other", "prefill", "decode")
+    url, ids = emitters  # vLLM: no client span, so network was not measured
+    traces = [(web.url, t["trace_id"]) for t in stalled_traces] + [(url, ids["with_count"])]
+    for base, trace_id in traces:
+        summary = httpx.get(f"{base}/api/trace/{trace_id}", timeout=30).json()["requests"][0]["summary"]
+        page.goto(f"{base}/trace/{trace_id}")
+        names = page.locator("table.kv.buckets th").all_inner_texts()
+        cells = page.locator("table.kv.buckets td").all_inner_texts()
+        assert [n.strip() for n in names] == list(parts)
+        expected = []
+        for part in parts:
+            value = summary[f"{part}_ms"]
+            expected.append(ms(value) if value is None else f"{ms(value)} {pct(value / summary['e2e_ms'])}")
+        assert [c.strip() for c in cells] == expected, (trace_id, cells)
+        titles = page.locator(".bucketbar .seg").evaluate_all("els => els.map(e => e.title)")
+        assert titles and all(re.fullmatch(rf"\w+: (?:{CARD}) \(\d+\.\d %\)", t) for t in titles), titles
+    assert page.js_errors == []

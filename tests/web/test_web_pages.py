@@ -75,6 +75,9 @@ def test_overview_counts_every_request(web: WebServer, truth: dict[str, object])
 def test_overview_filters_narrow_the_window(web: WebServer, truth: dict[str, object]) -> None:
     llama = _get(web, "/api/overview", params={"model": "llama-8b"}).json()
     batch = _get(web, "/api/overview", params={"class": "batch"}).json()
+    # the CLI's spelling, `--traffic-class`, is the same filter (it was silently ignored)
+    alias = _get(web, "/api/overview", params={"traffic_class": "batch"}).json()
+    assert alias["report"]["requests"] == batch["report"]["requests"]
     assert llama["report"]["requests"]["count"] == sum(1 for r in web.requests if r.model == "llama-8b")
     assert batch["report"]["requests"]["count"] == sum(1 for r in web.requests if r.traffic_class == "batch")
     mid = sorted(r.start_ns for r in web.requests)[60]
@@ -158,6 +161,8 @@ def test_trace_view_shows_waterfall_buckets_tokens_and_shared_steps(web: WebServ
         assert depths[sc.SPAN_CLIENT] == 0 and depths[sc.SPAN_REQUEST] == 1 and depths[sc.SPAN_DECODE] == 2
     page = _get(web, f"/trace/{stalled.trace_id}").text
     assert 'class="stall"' in page and 'class="shared-link"' in page
+    n = rq["engine_steps"]["overlapping"]
+    assert f"{n:,} engine step{'' if n == 1 else 's'} overlapping, " in page
 
 
 def test_sampled_out_request_still_shows_its_buckets(web: WebServer, truth: dict[str, object]) -> None:
@@ -532,3 +537,21 @@ def test_out_of_duckdbs_memory_is_a_503_that_says_what_to_do(
         r = httpx.get(f"{url}/api/search", params={"limit": 500, "sort": "ttft_ms"}, timeout=60)
         assert r.status_code == 503, (r.status_code, r.text[:300])
         assert "ran out of memory" in r.json()["error"] and "--duckdb-memory-limit" in r.json()["error"]
+
+
+def test_the_parquet_download_says_start_is_utc(web: WebServer) -> None:
+    """`/api/requests.parquet` (what `requests --url` fetches) writes `start` as a UTC
+    timestamp, as `tokentrace requests --format parquet` does; the text formats say `Z`."""
+    import io
+
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = _get(web, "/api/requests.parquet", params={"limit": "5"}).content
+    table = pq.read_table(io.BytesIO(data))
+    assert table.schema.field("start").type == pa.timestamp("us", tz="UTC")
+    frame = pl.read_parquet(io.BytesIO(data))
+    assert frame["start"].dt.epoch("us").to_list() == [ns // 1000 for ns in table.column("start_ns").to_pylist()]
+    lines = [json.loads(x) for x in _get(web, "/api/requests.jsonl", params={"limit": "5"}).text.splitlines()]
+    assert [x["start"] for x in lines] == [t.strftime("%Y-%m-%dT%H:%M:%S.%fZ") for t in frame["start"].to_list()]

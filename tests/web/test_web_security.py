@@ -207,10 +207,11 @@ def test_every_route_needs_the_token_and_none_echoes_it(generated: tuple[Path, l
         "/api/trace/{trace_id}/otlp.json": f"/api/trace/{tid}/otlp.json",
         "/api/trace/{trace_id}/chrome.json": f"/api/trace/{tid}/chrome.json",
         "/diagnosis": "/diagnosis", "/api/diagnosis": "/api/diagnosis", "/api/requests.{fmt}": "/api/requests.csv",
-        "/healthz": "/healthz", "/static": "/static/app.js", "/favicon.ico": "/favicon.ico",
+        "/static": "/static/app.js", "/favicon.ico": "/favicon.ico",
     }  # fmt: skip
     app = create_web_app(CollectorSettings(db=generated[0]))
-    assert {getattr(r, "path", None) for r in app.routes} == set(urls), "a new route: add it here"
+    # /healthz, the liveness probe, is the one route open without it (the test below)
+    assert {getattr(r, "path", None) for r in app.routes} == set(urls) | {"/healthz"}, "a new route: add it here"
     auth = {"Authorization": f"Bearer {TOKEN}"}
     cookie = token_cookie(urlsplit(guarded).port)
     for path in urls.values():
@@ -223,6 +224,30 @@ def test_every_route_needs_the_token_and_none_echoes_it(generated: tuple[Path, l
             r = _get(guarded, path, headers=headers, follow_redirects=False)
             assert r.status_code in (200, 303), (path, r.status_code)
             assert TOKEN not in r.content.decode("utf-8", "replace") and TOKEN not in str(r.headers)
+
+
+def test_the_liveness_probe_needs_no_token_and_says_only_ok(guarded: str) -> None:
+    """A load balancer or a Kubernetes probe has no secret: GET /healthz answers without
+    the token (as Grafana's /api/health does), and with nothing but "ok"."""
+    port = guarded.rsplit(":", 1)[1]
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Cookie": f"{token_cookie(int(port))}=wrong"}):
+        r = _get(guarded, "/healthz", headers=headers, follow_redirects=False)
+        assert r.status_code == 200, (headers, r.status_code, r.text[:200])
+        assert r.json() == {"status": "ok"} and "set-cookie" not in r.headers
+        for name, value in SECURITY_HEADERS.items():
+            assert r.headers.get(name) == value, name
+    head = httpx.head(guarded + "/healthz", timeout=60)
+    assert head.status_code == 200
+    # a wrong ?token= neither refuses it nor is echoed; a right one sets no cookie here
+    r = _get(guarded, "/healthz", params={"token": "guess"}, follow_redirects=False)
+    assert r.status_code == 200 and "guess" not in r.text
+    # only the probe: its neighbours, other methods and look-alike paths still need the token
+    for path in ("/healthz/", "/healthz.json", "/healthzz", "/api/healthz", "/static/../healthz/x"):
+        assert _get(guarded, path, follow_redirects=False).status_code == 401, path
+    assert httpx.post(guarded + "/healthz", timeout=60).status_code == 401
+    # the Host check still applies (DNS rebinding is refused before the token is looked at)
+    rebound = _get(guarded, "/healthz", headers={"Host": f"rebind.example:{port}"})
+    assert rebound.status_code == 403 and "DNS rebinding" in rebound.json()["error"]
 
 
 def test_the_token_link_redirects_only_within_the_site(guarded: str) -> None:

@@ -212,3 +212,34 @@ def generate(tmp: Path, count: int = 120, seed: int = 7, evil: bool = True) -> t
     finally:
         collector.close()
     return db, requests
+
+
+#: `generate_emitters`' traces: vLLM's `llm_request` spans, kept whole, that carry no
+#: per-token times; one says how many tokens it produced, the other does not.
+VLLM_OUTPUT_TOKENS = 128
+
+
+def generate_emitters(tmp: Path) -> tuple[Path, dict[str, str]]:
+    """Writes traces of another emitter (vLLM) into a fresh DuckDB, every one kept whole;
+    gives the database and the trace ids by name (`with_count`, `without_count`)."""
+    ids: dict[str, str] = {}
+    docs = []
+    for i, name in enumerate(("with_count", "without_count")):
+        trace_id = f"{0xABC0 + i:032x}"
+        start = BASE_NS + i * 10**9
+        attrs: dict[str, Any] = {
+            "gen_ai.request.id": f"cmpl-{name}", "gen_ai.response.model": "llama-8b",
+            "gen_ai.latency.e2e": 2.9, "gen_ai.latency.time_to_first_token": 0.35,
+            "gen_ai.latency.time_in_queue": 0.1, "gen_ai.latency.time_in_model_prefill": 0.25,
+            "gen_ai.latency.time_in_model_decode": 2.55, "gen_ai.latency.time_in_model_inference": 2.8,
+        }  # fmt: skip
+        if name == "with_count":
+            attrs |= {"gen_ai.usage.prompt_tokens": 900, "gen_ai.usage.completion_tokens": VLLM_OUTPUT_TOKENS}
+        span = _span(trace_id, f"{0x100 + i:016x}", "", "llm_request", 2, start, start + 2_900_000_000, attrs)
+        docs.append(_doc("vllm", [span]))
+        ids[name] = trace_id
+    path = tmp / "vllm.jsonl"
+    path.write_text("\n".join(json.dumps(d) for d in docs))
+    db = tmp / "web.duckdb"
+    import_files(CollectorSettings(db=db, baseline=1.0), [path])
+    return db, ids

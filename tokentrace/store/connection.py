@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import duckdb
 
@@ -42,12 +43,32 @@ def open_db(
     `memory_limit` (DuckDB syntax: "256MB", "2GB") → $TOKENTRACE_DUCKDB_MEMORY_LIMIT
     → `DEFAULT_MEMORY_LIMIT` bounds DuckDB's share of the process's memory.
     `checkpoint_threshold` (same syntax; DuckDB's default when None) is the
-    write-ahead log size at which DuckDB checkpoints."""
+    write-ahead log size at which DuckDB checkpoints.
+
+    A new database file is created readable by its owner only (0600: it holds
+    traces, prompts if recorded); an existing file's mode is left as it is.  The
+    files DuckDB makes beside it later (`<db>.wal`, re-created after each
+    checkpoint, and the `<db>.tmp` spill directory) follow the process's umask:
+    the processes tokentrace owns (`serve`, `import`, `demo`) narrow it first
+    with `keep_store_private`; a host program embedding the store keeps its own."""
     db_path = resolve_db_path(path)
     limit = memory_limit or os.environ.get(MEMORY_LIMIT_ENV) or DEFAULT_MEMORY_LIMIT
     config: dict[str, str | bool | int | float | list[str]] = {"memory_limit": limit}
     if checkpoint_threshold:
         config["checkpoint_threshold"] = checkpoint_threshold
+    # DuckDB creates its files with 0666 & ~umask: while it may create the database
+    # file, the umask is the strictest one (a file another thread creates meanwhile
+    # is at worst too private, never readable by others)
+    previous = os.umask(_PRIVATE)
+    try:
+        return _connect_and_migrate(db_path, config)
+    finally:
+        os.umask(previous)
+
+
+def _connect_and_migrate(
+    db_path: Path, config: dict[str, str | bool | int | float | list[str]]
+) -> duckdb.DuckDBPyConnection:
     try:
         conn = duckdb.connect(str(db_path), config=config)
     except duckdb.Error as exc:
@@ -65,6 +86,24 @@ def open_db(
         )
     migrate(conn)
     return conn
+
+
+#: The group and other permission bits: what a new database file does not give.
+_PRIVATE = 0o077
+
+
+def keep_store_private(path: str | os.PathLike[str] | None) -> None:
+    """Narrows this process's umask so that the files DuckDB makes beside the
+    database at any time (`<db>.wal`, again after each checkpoint; spill files)
+    are no more readable than the database they copy: by its owner only for a
+    new file, by whom the existing file's mode allows otherwise.  For processes
+    tokentrace owns (`serve`, `import`, `demo`): the umask is process-wide."""
+    try:
+        mode = os.stat(resolve_db_path(path)).st_mode
+    except OSError:  # a new file: open_db creates it 0600
+        mode = 0o600
+    previous = os.umask(0)
+    os.umask(previous | (_PRIVATE & ~mode))
 
 
 def _foreign_tables(conn: duckdb.DuckDBPyConnection) -> list[str]:

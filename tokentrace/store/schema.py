@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import duckdb
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Upper bounds (ms) of the inter-token-gap histogram buckets: log-spaced with
 #: ~12 % resolution from 0.1 ms to ~60 s; one more bucket holds anything above.
@@ -160,6 +160,12 @@ _MIGRATIONS: dict[int, list[str]] = {
         # id scans instead: ~12 ms on 1 M requests against ~3 ms with the index.
         # `spans` and `kept_traces` hold kept traces only (a few %): theirs stay.
         "DROP INDEX IF EXISTS requests_trace",
+    ],
+    3: [
+        # The host time of a step's timed forward passes (`instrument_model`): beside
+        # `gpu_us`, their gap is the step's launch / sync overhead.  The SDK sent it
+        # from the start; the collector dropped it.  NULL for steps stored before.
+        "ALTER TABLE engine_steps ADD COLUMN IF NOT EXISTS forward_host_us BIGINT",
     ],
 }
 

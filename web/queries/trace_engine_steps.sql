@@ -9,6 +9,7 @@ SELECT
     queue_depth,
     kv_usage,
     gpu_us,
+    forward_host_us,
     list_contains(request_ids, $1) AS served,
     len(request_ids)               AS request_count
 FROM engine_steps

@@ -1,0 +1,81 @@
+"""`tokentrace requests` (and the explorer's `/api/requests.*`): `start` says it is UTC in every format."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tokentrace.analyzer.export import write_requests
+from tokentrace.analyzer.filters import Filters
+
+from . import workloads
+
+UTC_MICROS = pa.timestamp("us", tz="UTC")
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _export(conn: duckdb.DuckDBPyConnection, fmt: str, limit: int | None = 50) -> bytes:
+    out = io.BytesIO()
+    write_requests(conn, Filters(), fmt, out, limit=limit)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("session_zone", ["UTC", "Asia/Kolkata"])
+def test_parquet_start_is_a_utc_timestamp_every_reader_reads_as_utc(write_workload, session_zone: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    conn = write_workload(workloads.healthy())
+    # the reading connection's own zone (DuckDB's TimeZone setting) must not shift or label it
+    conn.execute("SET TimeZone = ?", [session_zone])
+    start_ns = [r[0] for r in conn.execute("SELECT start_ns FROM requests ORDER BY start_ns LIMIT 50").fetchall()]
+    expected = [EPOCH + timedelta(microseconds=ns // 1000) for ns in start_ns]  # exact, no float seconds
+    data = _export(conn, "parquet")
+    path = tmp_path / "requests.parquet"  # DuckDB reads Parquet from a file
+    path.write_bytes(data)
+
+    table = pq.read_table(io.BytesIO(data))
+    assert table.schema.field("start").type == UTC_MICROS  # Parquet: isAdjustedToUTC, not a naive wall clock
+    assert table.column("start").to_pylist() == expected
+
+    frame = pl.read_parquet(io.BytesIO(data))
+    assert frame.schema["start"] == pl.Datetime("us", "UTC")
+    assert frame["start"].dt.epoch("us").to_list() == [ns // 1000 for ns in start_ns]
+    assert frame["start"].to_list() == expected
+
+    reader = duckdb.connect()
+    try:
+        reader.execute("SET TimeZone = 'UTC'")
+        reader.execute("CREATE TABLE r AS SELECT * FROM read_parquet(?)", [str(path)])
+        (kind,) = reader.execute("SELECT typeof(start) FROM r LIMIT 1").fetchone()  # type: ignore[misc]
+        assert kind == "TIMESTAMP WITH TIME ZONE"
+        assert [r[0] for r in reader.execute("SELECT epoch_us(start) FROM r ORDER BY start").fetchall()] == [
+            ns // 1000 for ns in start_ns
+        ]
+    finally:
+        reader.close()
+
+
+def test_text_formats_write_the_same_utc_instant_with_z(write_workload) -> None:  # type: ignore[no-untyped-def]
+    conn = write_workload(workloads.healthy())
+    conn.execute("SET TimeZone = 'America/New_York'")
+    parquet = pq.read_table(io.BytesIO(_export(conn, "parquet"))).column("start").to_pylist()
+    lines = [json.loads(x)["start"] for x in _export(conn, "jsonl").decode().splitlines()]
+    cells = [r["start"] for r in csv.DictReader(io.StringIO(_export(conn, "csv").decode()))]
+    iso = [t.strftime("%Y-%m-%dT%H:%M:%S.%fZ") for t in parquet]
+    assert lines == cells == iso
+    # ISO 8601 with Z reads back as the same UTC instant
+    assert [datetime.fromisoformat(x) for x in lines] == parquet
+
+
+def test_an_empty_export_keeps_the_utc_type(write_workload) -> None:  # type: ignore[no-untyped-def]
+    conn = write_workload(workloads.healthy())
+    out = io.BytesIO()
+    assert write_requests(conn, Filters(model="no such model"), "parquet", out) == 0
+    assert pq.read_table(io.BytesIO(out.getvalue())).schema.field("start").type == UTC_MICROS
