@@ -254,6 +254,7 @@ class Pipeline:
         self._clock = clock
         self.metrics = metrics if metrics is not None else CollectorMetrics()
         self.metrics.buffer_capacity.set(max_buffered_spans)
+        self.metrics.buffer_capacity_bytes.set(max_buffered_bytes)
         self.metrics.watch_store(
             lambda: 1.0 if writer.store_writable else 0.0, lambda: writer.seconds_since_write
         )

@@ -178,6 +178,14 @@ class CollectorMetrics:
         self.buffer_capacity = Gauge(
             "tokentrace_buffer_capacity_spans", "bound of the tail buffer", registry=r
         )
+        self.buffered_bytes = Gauge(
+            "tokentrace_buffer_bytes",
+            "what the spans in the tail buffer are reckoned to weigh (max_buffered_bytes bounds it)",
+            registry=r,
+        )
+        self.buffer_capacity_bytes = Gauge(
+            "tokentrace_buffer_capacity_bytes", "byte bound of the tail buffer", registry=r
+        )
         self.writer_queue = Gauge(
             "tokentrace_writer_queue_batches", "batches waiting for the DuckDB writer", registry=r
         )

@@ -89,6 +89,7 @@ class Collector:
     def _refresh_gauges(self) -> None:
         m = self.metrics
         m.buffered_spans.set(self.pipeline.buffered_spans)
+        m.buffered_bytes.set(self.pipeline.buffered_bytes)
         m.buffered_traces.set(self.pipeline.buffered_traces)
         m.writer_queue.set(self.writer.pending)
         m.writer_capacity.set(self.writer.capacity)

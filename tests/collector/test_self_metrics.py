@@ -175,3 +175,17 @@ def test_collector_server_reports_its_decode_pool(tmp_path: Path) -> None:
         if server.decoder is not None:
             server.decoder.close()
         server.collector.close()
+
+
+def test_the_tail_buffers_bytes_are_exported(tmp_path: Path) -> None:
+    from collector_testkit import start_live
+
+    live, stop = start_live(tmp_path, grace_s=600, max_buffered_bytes=64 << 20)  # nothing decided
+    try:
+        _send(live, request_trace())
+        families = _scrape(live)
+        held = _value(families, "tokentrace_buffer_bytes")
+        assert held > 0 and held == live.collector.pipeline.buffered_bytes
+        assert _value(families, "tokentrace_buffer_capacity_bytes") == 64 << 20
+    finally:
+        stop()
