@@ -58,7 +58,26 @@ def outer_clients(trace: TraceView) -> list[Span]:
     if len(clients) < 2:
         return clients
     ids = {c.span_id for c in clients}
-    return [c for c in clients if not any(a.span_id in ids for a in trace.ancestors(c))]
+    # whether a client span lies above a span, remembered for every span on the way up:
+    # a chain of n wrappers walked afresh from each would cost n^2/2 (a hostile export)
+    above: dict[str, bool] = {}
+    outer = []
+    for c in clients:
+        path = [c.span_id]
+        found = False
+        for a in trace.ancestors(c):
+            if a.span_id in ids:
+                found = True
+                break
+            if a.span_id in above:
+                found = above[a.span_id]
+                break
+            path.append(a.span_id)
+        for span_id in path:
+            above[span_id] = found
+        if not found:
+            outer.append(c)
+    return outer
 
 
 def _server_below(trace: TraceView, client: Span) -> Span | None:

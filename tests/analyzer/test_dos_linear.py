@@ -170,3 +170,25 @@ def test_a_chain_beside_a_client_only_call_is_summarized_in_linear_work(
     result = summarize_trace([*spans, beside])
     assert len(result.requests) == n + 1
     assert _CountingDict.looked <= 20 * n, _CountingDict.looked
+
+
+def test_a_chain_of_llm_client_wrappers_is_read_in_linear_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    # wrappers nest (an SDK call inside an app's call): only the outermost are requests,
+    # found by looking up from each client span; n calls at the bottom of n internal
+    # spans were each walked up all of them
+    n = 1000
+    tid = new_id(32)
+    spans: list[Span] = []
+    parent = None
+    for i in range(n):
+        parent = span(tid, "work", i * 0.01, 100 - i * 0.01, parent, kind=KIND_INTERNAL,
+                      resource={"service.name": "app"})  # fmt: skip
+        spans.append(parent)
+    for i in range(n):
+        spans.append(span(tid, sc.SPAN_CLIENT, 20 + i * 0.01, 1, parent, kind=KIND_CLIENT,
+                          resource={"service.name": "app"}))  # fmt: skip
+    monkeypatch.setattr(attribution, "TraceView", _CountingView)
+    _CountingDict.looked = 0
+    result = summarize_trace(spans)
+    assert len(result.requests) == n
+    assert _CountingDict.looked <= 20 * n, _CountingDict.looked
