@@ -172,7 +172,7 @@ def test_a_chain_beside_a_client_only_call_is_summarized_in_linear_work(
     assert _CountingDict.looked <= 20 * n, _CountingDict.looked
 
 
-def test_a_chain_of_llm_client_wrappers_is_read_in_linear_work(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_llm_calls_deep_in_a_trace_are_told_outer_in_linear_work(monkeypatch: pytest.MonkeyPatch) -> None:
     # wrappers nest (an SDK call inside an app's call): only the outermost are requests,
     # found by looking up from each client span; n calls at the bottom of n internal
     # spans were each walked up all of them
