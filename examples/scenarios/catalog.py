@@ -266,7 +266,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "peak_hours",
         "peak_hours",
-        "Arrivals jump 20x for a second; the server serves one sequence at a time and queues the rest.",
+        "Arrivals jump 20x for about two seconds; the server serves one sequence at a time and queues the rest.",
         (Deployment(peak_load, {"max_batch_size": 1}),),
     ),
     Scenario(
