@@ -22,6 +22,11 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
+def stall_threshold_ms(median_gap_ms: float) -> float:
+    """Gives the gap a stream's inter-token gap must exceed to be a stall."""
+    return max(STALL_FACTOR * median_gap_ms, STALL_MIN_MS)
+
+
 def apply_token_times(summary: RequestSummary, offsets_ms: Sequence[float]) -> None:
     """Fills ITL percentiles, max, stall count and the gap list from token times."""
     gaps = [b - a for a, b in zip(offsets_ms, offsets_ms[1:], strict=False)]
@@ -34,7 +39,7 @@ def apply_token_times(summary: RequestSummary, offsets_ms: Sequence[float]) -> N
     summary.itl_p95_ms = quantile(ordered, 0.95)
     summary.itl_p99_ms = quantile(ordered, 0.99)
     summary.itl_max_ms = ordered[-1]
-    threshold = max(STALL_FACTOR * median, STALL_MIN_MS)
+    threshold = stall_threshold_ms(median)
     summary.stall_count = sum(1 for g in gaps if g > threshold)
 
 

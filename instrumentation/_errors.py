@@ -17,7 +17,6 @@ from opentelemetry.trace import Status, StatusCode
 #: OpenTelemetry's exception event and attribute names (semantic conventions)
 EXCEPTION_EVENT = "exception"
 EXCEPTION_TYPE = "exception.type"
-EXCEPTION_MESSAGE = "exception.message"
 EXCEPTION_STACKTRACE = "exception.stacktrace"
 
 

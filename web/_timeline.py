@@ -11,7 +11,7 @@ import heapq
 from bisect import bisect_left, bisect_right
 from typing import Any
 
-from tokentrace.analyzer.itl import STALL_FACTOR, STALL_MIN_MS, quantile
+from tokentrace.analyzer.itl import quantile, stall_threshold_ms
 from tokentrace.analyzer.spans import list_attr
 from tokentrace.instrumentation import semconv as sc
 
@@ -140,7 +140,7 @@ def build_timeline(
     stalls: list[dict[str, Any]] = []
     stall_count = 0
     if gaps_ms:
-        threshold = max(STALL_FACTOR * quantile(sorted(gaps_ms), 0.5), STALL_MIN_MS)
+        threshold = stall_threshold_ms(quantile(sorted(gaps_ms), 0.5))
         found = [i for i, gap in enumerate(gaps_ms) if gap > threshold]
         stall_count = len(found)
         if stall_count > MAX_STALLS_LISTED:
