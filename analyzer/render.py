@@ -135,7 +135,7 @@ def render_text(report: dict[str, Any]) -> str:
     if any(parts.values()):
         lines.append(
             "            queue = "
-            + ", ".join(f"{k} {(v or 0) * 100:.0f} %" for k, v in parts.items())
+            + ", ".join(f"{k} {(v or 0) * 100:.1f} %" for k, v in parts.items())
         )
     findings = report.get("findings") or []
     lines += ["", "diagnosis"]

@@ -124,8 +124,6 @@ GPU_INDEX: Final = "gpu.index"
 # ---- added by the SDK (issue 3) ------------------------------------------------
 #: int: forward passes timed inside the request (outside engine steps).
 FORWARD_COUNT: Final = "tokentrace.forward.count"
-#: str: the name given to ``instrument_model`` (which model / callable ran).
-FORWARD_NAME: Final = "tokentrace.forward.name"
 #: int: number of steps carried by one ``tokentrace.engine.steps`` span.
 STEP_COUNT: Final = "tokentrace.step.count"
 #: int: steps dropped because the bounded step buffer was full.

@@ -7,6 +7,7 @@ from typing import Any
 
 import duckdb
 
+from tokentrace.analyzer.conventions import UNMEASURED_PARTS
 from tokentrace.instrumentation import semconv as sc
 from tokentrace.web import queries
 from tokentrace.web._db import fetch_dicts, time_limit
@@ -147,10 +148,12 @@ def _client_span(spans: list[dict[str, Any]], request_span: dict[str, Any] | Non
 def _buckets(request: dict[str, Any]) -> list[dict[str, Any]]:
     """Gives the request's four buckets (queue split into its parts) with their share of E2E.
 
-    `share` (0..1, None when the part was not measured: network without a client span)
-    is what the page shows, through the `pct` filter like every share on the pages;
-    `pct` (0..100, 0 when not measured) sizes the bar's segments."""
+    `share` (0..1, None when the part was not measured: network without a client span,
+    a queue part the request's convention does not report) is what the page shows,
+    through the `pct` filter like every share on the pages; `pct` (0..100, 0 when not
+    measured) sizes the bar's segments."""
     e2e = request.get("e2e_ms") or 0.0
+    unmeasured = UNMEASURED_PARTS.get(request.get("source") or "", frozenset())
     parts = [
         ("network", request.get("network_ms")),
         ("queue_wait", request.get("queue_wait_ms")),
@@ -161,6 +164,8 @@ def _buckets(request: dict[str, Any]) -> list[dict[str, Any]]:
     ]
     out = []
     for name, ms in parts:
+        if name in unmeasured:
+            ms = None
         bucket = "queue" if name in ("queue_wait", "tokenize", "other") else name
         out.append(
             {

@@ -8,7 +8,7 @@ server-side conventions (which see the phases) come before the client-only one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tokentrace.analyzer.conventions import genai_client, sglang, tgi, tokentrace_sdk, vllm
 from tokentrace.analyzer.summary import RequestSummary
@@ -23,3 +23,10 @@ ADAPTERS: Sequence[tuple[str, Adapter]] = (
     (tgi.NAME, tgi.summarize),
     (genai_client.NAME, genai_client.summarize),
 )
+
+#: Queue parts (`queue_wait`, `tokenize`) a convention does not measure: their columns
+#: read 0 (the schema keeps them NOT NULL), and pages show them as "—", not "0.0 ms".
+UNMEASURED_PARTS: Mapping[str, frozenset[str]] = {
+    vllm.NAME: vllm.UNMEASURED_PARTS,
+    genai_client.NAME: genai_client.UNMEASURED_PARTS,
+}

@@ -28,6 +28,8 @@ from tokentrace.analyzer.trace_view import TraceView
 from tokentrace.instrumentation import semconv as sc
 
 NAME = "genai_client"
+#: a client sees no server phases: its queue is all `other` (the columns of these read 0)
+UNMEASURED_PARTS = frozenset({"queue_wait", "tokenize"})
 LLM_PREFIXES = ("gen_ai.", "llm.")
 INPUT_TOKENS = (sc.PROMPT_TOKENS, "gen_ai.usage.prompt_tokens", "llm.token_count.prompt", "llm.usage.prompt_tokens")
 OUTPUT_TOKENS = (sc.OUTPUT_TOKENS, "gen_ai.usage.completion_tokens", "llm.token_count.completion", "llm.usage.completion_tokens")

@@ -24,6 +24,8 @@ from tokentrace.analyzer.spans import Span
 from tokentrace.analyzer.trace_view import TraceView
 
 NAME = "vllm"
+#: queue parts vLLM does not report (their columns read 0): pages show them as not measured
+UNMEASURED_PARTS = frozenset({"tokenize"})
 SPAN_NAME = "llm_request"
 TTFT = "gen_ai.latency.time_to_first_token"
 E2E = "gen_ai.latency.e2e"

@@ -101,6 +101,15 @@ def test_the_text_report_writes_seconds_from_one_second() -> None:
     ]  # fmt: skip
 
 
+def test_the_queue_parts_read_like_the_bucket_shares(db: Path) -> None:
+    """The queue line gives each part with one decimal, as the buckets above it and the
+    web's diagnosis page do ("queue_wait 18.3 %"), never rounded to a whole percent."""
+    parts = json.loads(_report(db, "json"))["buckets"]["queue"]["parts"]
+    line = next(ln for ln in _report(db, "text").splitlines() if ln.strip().startswith("queue = "))
+    assert line.strip() == "queue = " + ", ".join(f"{k} {v * 100:.1f} %" for k, v in parts.items())
+    assert any(0 < v * 100 % 1 for v in parts.values())  # a whole percent would have lost that
+
+
 EVIL_TENANT = "mega\x1b]8;;https://evil.example/\x07corp\x1b[2K\u202e\n       fix first: forged"
 
 
