@@ -19,19 +19,17 @@ request of its own: it is not summarized.
 
 from __future__ import annotations
 
-import re
-
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
-from tokentrace.analyzer.conventions._common import agree, build_summary
+from tokentrace.analyzer.conventions._common import agree, build_summary, inside_any
 from tokentrace.analyzer.conventions._values import ValueReader
 from tokentrace.analyzer.spans import Span
 from tokentrace.analyzer.trace_view import TraceView
 
 NAME = "sglang"
-#: `" Req <rid8>"`, `prefill Req …`, `decode Req …`; spacing as senders vary it, and the
-#: rid8 is whatever the user's rid began with (any characters, even none).
-ROOT_NAME = re.compile(r"^\s*(?:(?:prefill|decode)\s+)?Req(?:\s+(.*?))?\s*$")
+#: `prefill Req …` / `decode Req …`: the roots when prefill and decode are disaggregated.
+ROLES = ("prefill", "decode")
+ROOT_WORD = "Req"
 SLICE_TOKENIZE = "tokenize"
 SLICE_PREFILL_WAIT = "prefill_waiting"
 SLICE_PREFILL = "prefill_forward"
@@ -55,11 +53,8 @@ ROOM_SPAN = "Bootstrap Room"
 
 
 def summarize(trace: TraceView) -> list[s.RequestSummary]:
-    roots = [
-        x
-        for x in trace.spans
-        if ROOT_NAME.match(x.name) and not any(ROOT_NAME.match(a.name) for a in trace.ancestors(x))
-    ]
+    nested = inside_any(trace, _is_root)
+    roots = [x for x in trace.spans if _is_root(x) and not nested(x)]
     if not roots:
         return []
     # disaggregated prefill/decode roots of one request arrive in one trace: one summary
@@ -69,9 +64,36 @@ def summarize(trace: TraceView) -> list[s.RequestSummary]:
     return [_summarize(trace, group) for group in by_key.values()]
 
 
+def _root_rid8(name: str) -> str | None:
+    """Gives the rid8 of a root span's name ("" when it has none); None when `name`
+    names no root.
+
+    A root is named `" Req <rid8>"`, `prefill Req …` or `decode Req …`, spacing as
+    senders vary it (blanks around and between the words); the rid8 is whatever the
+    user's rid began with, on one line (any characters, even none).  Read by hand:
+    the regular expression it replaces backtracked quadratically on a long run of
+    blanks inside a name (a second for 16,000 characters, a hostile export).
+    """
+    rest = name.lstrip()
+    for role in ROLES:
+        if rest.startswith(role) and rest[len(role) : len(role) + 1].isspace():
+            rest = rest[len(role) :].lstrip()
+            break
+    if not rest.startswith(ROOT_WORD):
+        return None
+    after = rest[len(ROOT_WORD) :]
+    if after and not after[0].isspace():  # "Reqs": another word
+        return None
+    rid8 = after.strip()
+    return None if "\n" in rid8 else rid8
+
+
+def _is_root(span: Span) -> bool:
+    return _root_rid8(span.name) is not None
+
+
 def _rid8(root: Span) -> str:
-    m = ROOT_NAME.match(root.name)
-    return (m.group(1) if m is not None else None) or ""
+    return _root_rid8(root.name) or ""
 
 
 def _group_key(trace: TraceView, root: Span) -> str:

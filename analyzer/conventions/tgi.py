@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
-from tokentrace.analyzer.conventions._common import agree, build_summary
+from tokentrace.analyzer.conventions._common import agree, build_summary, inside_any
 from tokentrace.analyzer.conventions._values import ValueReader
 from tokentrace.analyzer.spans import Span
 from tokentrace.analyzer.trace_view import TraceView
@@ -32,12 +32,16 @@ TIMING_KEYS = (TOTAL, QUEUE, INFERENCE)
 
 def summarize(trace: TraceView) -> list[s.RequestSummary]:
     out = []
+    # chat_completions calls generate_stream inside: summarize the outermost only
+    nested = inside_any(trace, _is_handler)
     for x in trace.spans:
-        if x.name in HANDLERS and _is_tgi(trace, x):
-            # chat_completions calls generate_stream inside: summarize the outermost only
-            if not any(a.name in HANDLERS for a in trace.ancestors(x)):
-                out.append(_summarize(trace, x))
+        if x.name in HANDLERS and _is_tgi(trace, x) and not nested(x):
+            out.append(_summarize(trace, x))
     return out
+
+
+def _is_handler(span: Span) -> bool:
+    return span.name in HANDLERS
 
 
 def _is_tgi(trace: TraceView, handler: Span) -> bool:
