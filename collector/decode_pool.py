@@ -17,6 +17,10 @@ the one `summarize_trace` gives for the trace's spans.
 Nothing is accepted before its spans are back in the receiving process and
 offered to the pipeline, so a worker that dies loses nothing: the export is
 decoded in-process instead and the pool is replaced.
+
+What one export makes the collector build of engine steps is bounded
+(`MAX_STEPS_PER_EXPORT`, `limit_export_steps`): here for the exports a worker
+decodes, in `Pipeline.offer` for the others.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import os
 import pickle
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import fields
@@ -35,13 +40,14 @@ from operator import attrgetter
 from typing import Any
 
 from tokentrace.analyzer.attribution import TraceResult, summarize_trace
-from tokentrace.analyzer.engine_steps import EngineStep
+from tokentrace.analyzer.engine_steps import MAX_STEPS_PER_SPAN, MAX_STEPS_PER_TRACE, EngineStep
 from tokentrace.analyzer.spans import KIND_SERVER, STATUS_ERROR, Span
 from tokentrace.analyzer.summary import RequestSummary
 from tokentrace.collector.gc_tuning import tune_for_ingest
 from tokentrace.collector.itl_hist import itl_histograms
 from tokentrace.collector.otlp import Rejected, decode_protobuf_partial
 from tokentrace.collector.packed import PackedTrace
+from tokentrace.instrumentation import semconv as sc
 
 logger = logging.getLogger("tokentrace.collector")
 
@@ -68,12 +74,113 @@ WireTrace = tuple[
 _itl_bounds_ms: tuple[float, ...] = ()
 
 
-def decode_export(body: bytes) -> tuple[list[WireTrace], Rejected]:
+#: The most engine steps one export may make the collector build.  The analyzer reads
+#: at most MAX_STEPS_PER_SPAN (4,096) a batch span and MAX_STEPS_PER_TRACE (65,536) a
+#: trace, but an export may hold many traces: a few MB of packed lists (gzip makes them
+#: a few KB on the wire) made a decode worker (or, for the exports decoded in-process,
+#: the decider) build traces x 65,536 steps, ~300 bytes each.  The tokentrace SDK sends
+#: at most 512 steps a batch span (instrumentation/_steps.py MAX_STEPS_PER_SPAN) and the
+#: OpenTelemetry batch processor at most 512 spans an export: 262,144 steps.  Twice that
+#: is never reached by a legitimate export (room for a sender that exports bigger
+#: batches), and bounds what one export costs to ~150 MB of steps.
+MAX_STEPS_PER_EXPORT = 2 * 512 * 512
+#: The parallel lists of an engine-step batch span (one element a step).
+_STEP_LISTS = frozenset(
+    (
+        sc.STEP_START_NS, sc.STEP_DURATION_US, sc.STEP_PREFILL_TOKENS, sc.STEP_DECODE_SEQS,
+        sc.STEP_BATCH_SIZE, sc.STEP_QUEUE_DEPTH, sc.STEP_KV_USAGE, sc.STEP_GPU_US,
+        sc.STEP_REQUEST_IDS, sc.STEP_FORWARD_HOST_US,
+    )
+)  # fmt: skip
+
+
+def _elements(value: Any) -> int:
+    """Gives how many elements a list attribute holds, at most, without parsing it: an
+    OTLP array its length, a packed one its commas + 1 (exact for numbers; a comma
+    inside an element counts one more), anything else none."""
+    if isinstance(value, list):
+        return len(value)
+    if isinstance(value, str):
+        commas = value.count(",")
+        return commas + 1 if commas or value.strip(" \t\n\r[]") else 0
+    if isinstance(value, bytes):
+        commas = value.count(b",")
+        return commas + 1 if commas or value.strip(b" \t\n\r[]") else 0
+    return 0
+
+
+def limit_export_steps(
+    spans: Sequence[Span], budget: int = MAX_STEPS_PER_EXPORT
+) -> tuple[int, str]:
+    """Bounds the engine steps the spans of one export make the analyzer build to
+    `budget`: in export order, each batch span takes what the per-span and per-trace
+    caps would read of it (counted, not parsed); one that no longer fits loses its step
+    lists, unread, and the rest of the export is kept (whole spans: the SDK's are 512
+    steps at most).  Gives how many steps the stripped spans carried, and the service
+    of the first (for the log)."""
+    left = budget
+    trace_left: dict[str, int] = {}
+    dropped = 0
+    service = ""
+    for span in spans:
+        if span.name != sc.SPAN_ENGINE_STEPS:
+            continue
+        attributes = span.attributes
+        carried = _elements(attributes.get(sc.STEP_START_NS))
+        if not carried:
+            continue
+        in_trace = trace_left.get(span.trace_id, MAX_STEPS_PER_TRACE)
+        read = min(carried, MAX_STEPS_PER_SPAN, in_trace)
+        if read <= left:
+            left -= read
+            trace_left[span.trace_id] = in_trace - read
+            continue
+        span.attributes = {k: v for k, v in attributes.items() if k not in _STEP_LISTS}
+        if not dropped:
+            service = span.service_name
+        dropped += carried
+    return dropped, service
+
+
+class _ExportCap:
+    """What `limit_export_steps` dropped in this process (`export_dropped_steps()`), and
+    whether it was logged."""
+
+    lock = threading.Lock()
+    dropped = 0
+    logged = False
+
+
+def export_dropped_steps() -> int:
+    """Gives how many engine steps the export bound (MAX_STEPS_PER_EXPORT) dropped in
+    this process (those a decode worker dropped included)."""
+    return _ExportCap.dropped
+
+
+def note_dropped_steps(dropped: int, service: str) -> None:
+    """Counts the steps `limit_export_steps` dropped of one export; logs the first time."""
+    with _ExportCap.lock:
+        _ExportCap.dropped += dropped
+        first = not _ExportCap.logged
+        _ExportCap.logged = True
+    if first:
+        logger.warning(
+            "an export's engine-step batch spans (service %r) carry more steps than the %d "
+            "read from one export (the tokentrace SDK sends at most 512 a span, 512 spans an "
+            "export): %d steps of the spans past the bound are dropped unread; further ones "
+            "are dropped without a word",
+            service, MAX_STEPS_PER_EXPORT, dropped,
+        )  # fmt: skip
+
+
+def decode_export(body: bytes) -> tuple[list[WireTrace], Rejected, tuple[int, str]]:
     """Runs in the worker: the export's valid spans grouped by trace (first-seen
     order, spans in export order) and packed, each with its summary as if the
-    export held the whole trace; and what was rejected.  Raises OtlpDecodeError
-    for a body that is not an export, like the in-process path."""
+    export held the whole trace; what was rejected; and what `limit_export_steps`
+    dropped.  Raises OtlpDecodeError for a body that is not an export, like the
+    in-process path."""
     spans, rejected = decode_protobuf_partial(body)
+    dropped = limit_export_steps(spans)
     by_trace: dict[str, list[Span]] = {}
     for span in spans:
         group = by_trace.get(span.trace_id)
@@ -114,7 +221,7 @@ def decode_export(body: bytes) -> tuple[list[WireTrace], Rejected]:
         for *_, rows, _, trace_counts in out:
             if trace_counts is not None and rows:
                 trace_counts.extend(next(counts) for _ in rows)
-    return out, rejected
+    return out, rejected, dropped
 
 
 def unpack(wire: list[WireTrace]) -> list[PackedTrace]:
@@ -198,7 +305,7 @@ class DecodePool:
             return decode_protobuf_partial(body)
         pool = self._pool()
         try:
-            wire, rejected = await asyncio.get_running_loop().run_in_executor(
+            wire, rejected, (dropped, service) = await asyncio.get_running_loop().run_in_executor(
                 pool, decode_export, body
             )
         except BrokenProcessPool:
@@ -208,6 +315,8 @@ class DecodePool:
             self._replace(pool)
             return decode_protobuf_partial(body)
         self.offloaded += 1
+        if dropped:  # counted here: the worker's own count would never reach /metrics
+            note_dropped_steps(dropped, service)
         return unpack(wire), rejected
 
     def worker_pids(self) -> list[int]:

@@ -8,6 +8,7 @@ are counted and ignored: the collector is not a general metrics store.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,15 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from tokentrace.collector.otlp import OtlpDecodeError, _attrs, _j_attrs, _j_int, _j_list, _j_obj
+from tokentrace.collector.otlp import (
+    MAX_NS,
+    OtlpDecodeError,
+    _attrs,
+    _j_attrs,
+    _j_int,
+    _j_list,
+    _j_obj,
+)
 from tokentrace.instrumentation import semconv as sc
 
 #: gpu_samples column of each GPU gauge, and whether it holds an integer.
@@ -36,6 +45,13 @@ ROW_KEYS: tuple[str, ...] = (
     "ts_ns",
     *(col for col, _ in GPU_COLUMNS.values()),
 )
+#: What the gpu_samples columns hold (tokentrace/store/schema.py): `gpu_index` is an
+#: INTEGER, the byte counts BIGINTs.  A value beyond them is no GPU sample, and DuckDB
+#: would refuse its row at the writer (which drops it, and logs): it is refused here,
+#: with its reason, as a data point of the export (OTLP partial success).  Neither an
+#: index nor a byte count is ever below zero.
+MAX_GPU_INDEX = 2**31 - 1
+MAX_BYTES = 2**63 - 1
 
 
 @dataclass(slots=True)
@@ -66,12 +82,24 @@ class _Rows:
         except ValueError:
             self._reject(f"{column}: {sc.GPU_INDEX} {gpu!r} is not an integer")
             return
+        if not 0 <= gpu_index <= MAX_GPU_INDEX:
+            self._reject(
+                f"{column}: {sc.GPU_INDEX} must be in 0..{MAX_GPU_INDEX}, got {_brief(gpu_index)}"
+            )
+            return
+        if ts_ns > MAX_NS:  # a protobuf fixed64 (OTLP/JSON's are checked as they are read)
+            self._reject(f"{column}: time must be nanoseconds in 0..2^63-1, got {ts_ns}")
+            return
+        stored, why = _column_value(value, is_int)
+        if why:
+            self._reject(f"{column}: {why}")
+            return
         key = (service, instance, gpu_index, ts_ns)
         row = self.by_key.get(key)
         if row is None:
             row = self.by_key[key] = dict.fromkeys(ROW_KEYS)
             row.update(service=service, instance=instance, gpu_index=gpu_index, ts_ns=ts_ns)
-        row[column] = int(value) if is_int else float(value)
+        row[column] = stored
 
     def _reject(self, why: str) -> None:
         self.result.rejected_points += 1
@@ -81,6 +109,30 @@ class _Rows:
     def done(self) -> MetricsResult:
         self.result.rows = list(self.by_key.values())
         return self.result
+
+
+def _column_value(value: float | int, is_int: bool) -> tuple[float | int | None, str]:
+    """Gives a data point's value as its column stores it, or why it cannot be stored:
+    a byte count (`is_int`) must be a whole number of bytes in 0..MAX_BYTES (a double
+    is truncated; NaN and infinities are none), any other value a double."""
+    if not is_int:
+        try:
+            return float(value), ""
+        except OverflowError:  # an OTLP/JSON asInt beyond a double
+            return None, f"the value must fit a double, got {_brief(value)}"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None, f"a byte count must be a finite number, got {value}"
+        value = int(value)
+    if not 0 <= value <= MAX_BYTES:
+        return None, f"a byte count must be in 0..2^63-1, got {_brief(value)}"
+    return value, ""
+
+
+def _brief(number: object) -> str:
+    """Gives a number for a message: whole, or its first digits and its length."""
+    text = str(number)
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text)} characters)"
 
 
 def _who(resource: Mapping[str, Any]) -> tuple[str, str]:

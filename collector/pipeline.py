@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from tokentrace.analyzer.attribution import TraceResult, summarize_trace
 from tokentrace.analyzer.spans import KIND_SERVER, Span
+from tokentrace.collector.decode_pool import limit_export_steps, note_dropped_steps
 from tokentrace.collector.packed import PackedTrace
 from tokentrace.collector.refusals import RefusalEpisodes
 from tokentrace.collector.sampling import Decision, Sampler
@@ -108,6 +109,11 @@ class PipelineStats:
     traces_unsummarized: int = 0
     requests_summarized: int = 0
     kept_by_reason: dict[str, int] = field(default_factory=dict)
+    #: what decision rounds handed over after the writer thread had stopped: never
+    #: written (`Pipeline._lost`); rows as the writer counts them (`WriteBatch.row_count`)
+    batches_lost: int = 0
+    traces_lost: int = 0
+    rows_lost: int = 0
 
 
 def _value_bytes(value: object) -> int:
@@ -300,9 +306,15 @@ class Pipeline:
         return self._offer(spans) is None
 
     def offer(self, spans: Sequence[Span] | Sequence[PackedTrace]) -> str | None:
-        """Accepts all the spans, or none and gives why (`REFUSED_*`).  Takes
-        `Span`s, or the `PackedTrace`s of a decode worker.  What receivers call:
-        the start and end of a run of refusals are logged (`refusals`)."""
+        """Accepts all the spans, or none and gives why (`REFUSED_*`).  Takes the
+        `Span`s of one export, or the `PackedTrace`s of a decode worker.  What receivers
+        call: the start and end of a run of refusals are logged (`refusals`), and the
+        engine steps an export carries are bounded (`limit_export_steps`; a decode
+        worker bounds its own)."""
+        if spans and not isinstance(spans[0], PackedTrace):
+            dropped, service = limit_export_steps(spans)  # type: ignore[arg-type]
+            if dropped:
+                note_dropped_steps(dropped, service)
         why = self._offer(spans)
         self.refusals.note(why)
         return why
@@ -497,18 +509,51 @@ class Pipeline:
         self.refusals.note(None if taken else REFUSED_WRITER_BEHIND)
         return taken
 
-    def _submit(self, batch: WriteBatch) -> None:
-        """Hands a decided batch to the writer, waiting for room (backpressure);
-        at shutdown the wait is bounded (the store may refuse writes for good)."""
-        if not self._stop.is_set():
-            self._writer.submit_wait(batch)
+    def _submit(self, batch: WriteBatch, traces: int = 0) -> None:
+        """Hands a decided batch (of `traces` decided traces) to the writer, waiting for
+        room (backpressure); at shutdown the wait is bounded (the store may refuse writes
+        for good).  A writer whose thread stopped takes nothing: the batch is lost."""
+        stopping = self._stop.is_set()
+        if self._writer.submit_wait(batch, timeout=CLOSE_WAIT_S if stopping else None):
             return
-        if not self._writer.submit_wait(batch, timeout=CLOSE_WAIT_S):
+        if self._writer.stopped:
+            self._lost(batch, traces)
+            return
+        logger.error(
+            "tokentrace: shutting down with the writer queue full (store: %s): "
+            "%d request summaries, %d kept traces, %d late spans could not be queued",
+            self._writer.store_error or "writable", len(batch.requests), len(batch.kept),
+            len(batch.late_spans),
+        )  # fmt: skip
+
+    def _lost(self, batch: WriteBatch, traces: int) -> None:
+        """Counts a decided batch the stopped writer thread will never write.  The first
+        is logged with what it held; later ones are counted only (one round a tick would
+        flood the log), and their total is logged at `close()`.  The episode lasts until
+        the collector restarts: the thread does not come back.  Decide lock held."""
+        stats = self.stats
+        first = stats.batches_lost == 0
+        stats.batches_lost += 1
+        stats.traces_lost += traces
+        stats.rows_lost += batch.row_count()
+        if first:
             logger.error(
-                "tokentrace: shutting down with the writer queue full (store: %s): "
-                "%d request summaries, %d kept traces, %d late spans could not be queued",
-                self._writer.store_error or "writable", len(batch.requests), len(batch.kept),
-                len(batch.late_spans),
+                "tokentrace: decided data is lost while the DuckDB writer thread is stopped "
+                "(%s): %d traces of this decision round (%d rows: %d request summaries, %d "
+                "kept traces, %d late spans, %d engine steps) were not written; later losses "
+                "are counted, and totalled at shutdown",
+                self._writer.store_error, traces, batch.row_count(), len(batch.requests),
+                len(batch.kept), len(batch.late_spans), len(batch.engine_steps),
+            )  # fmt: skip
+
+    def _log_lost_total(self) -> None:
+        """At close: the total of what was lost to a stopped writer thread, if anything."""
+        stats = self.stats
+        if stats.batches_lost:
+            logger.error(
+                "tokentrace: %d traces (%d rows) were decided after the DuckDB writer thread "
+                "stopped and never written (%d batches)",
+                stats.traces_lost, stats.rows_lost, stats.batches_lost,
             )  # fmt: skip
 
     # ---- decision side --------------------------------------------------------
@@ -669,7 +714,7 @@ class Pipeline:
             m.duplicate_spans.labels("buffered").inc(duplicates)
         # Decisions must not be lost: wait for room in the writer queue (the
         # buffer then fills and receivers answer 503: backpressure, not loss).
-        self._submit(batch)
+        self._submit(batch, len(ready))
         return len(ready)
 
     def _unsummarized(self, trace_id: str) -> Decision:
@@ -713,6 +758,7 @@ class Pipeline:
             self._thread = None
         self.decide_ready(force=True)
         self._writer.flush()
+        self._log_lost_total()
 
 
 def _mib(nbytes: float) -> str:

@@ -63,6 +63,10 @@ RETRY_MAX_S = 10.0
 #: Rows DuckDB would not take are logged with their reason at most this often
 #: (the first time with a traceback); the ones in between are counted in the next line.
 DROP_LOG_EVERY_S = 60.0
+#: How often a decision round waiting for room in a full queue looks whether the writer
+#: thread still runs: one that stopped never makes room, and the round would wait forever
+#: (holding the decide lock, so that the shutdown flush would too).
+ALIVE_CHECK_S = 0.25
 
 
 def is_store_error(exc: BaseException) -> bool:
@@ -104,6 +108,14 @@ class WriteBatch:
         return bool(
             self.requests or self.kept or self.late_spans or self.engine_steps or self.gpu_samples
         )
+
+    def row_count(self) -> int:
+        """Gives how many rows the batch holds, as the writer counts them: each request
+        summary, kept trace (with its spans), late span, engine step or GPU sample one."""
+        return (
+            len(self.requests) + len(self.kept) + len(self.late_spans) + len(self.engine_steps)
+            + len(self.gpu_samples)
+        )  # fmt: skip
 
 
 _request_row = attrgetter(*COLUMNS)
@@ -282,6 +294,11 @@ class Writer:
         return self._store_error is None and self._dead is None
 
     @property
+    def stopped(self) -> bool:
+        """Whether the writer thread ended before `close()`: nothing more is written."""
+        return self._dead is not None
+
+    @property
     def failing_for_seconds(self) -> float:
         """How long writes have been failing (0 while they work)."""
         if self._dead is not None:
@@ -310,16 +327,24 @@ class Writer:
             return False
 
     def submit_wait(self, batch: WriteBatch, timeout: float | None = None) -> bool:
-        """Queues a batch, waiting for room (decision rounds, shutdown flush)."""
+        """Queues a batch, waiting for room (decision rounds, shutdown flush); False
+        (nothing queued) once `timeout` has passed, or when the writer thread has
+        stopped, before the call or while it waits: nobody would ever write the batch,
+        nor make room for it."""
         if not batch:
             return True
-        if self._dead is not None:  # nobody would ever write it (nor make room)
-            return False
-        try:
-            self._queue.put(batch, timeout=timeout)
-            return True
-        except queue.Full:
-            return False
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._dead is None:
+            wait = ALIVE_CHECK_S
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - time.monotonic()))
+            try:
+                self._queue.put(batch, timeout=wait)
+                return True
+            except queue.Full:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+        return False
 
     def flush(self, timeout: float = 30.0) -> None:
         """Waits until everything queued so far is written (not for a writer thread that
