@@ -162,6 +162,8 @@ class Retention:
         #: (`tokentrace_retention_last_run_timestamp_seconds`: a failed pass leaves it)
         self.last_pass_s: float | None = None
         self.passes = 0
+        #: passes of the thread that raised (`tokentrace_retention_failed_passes_total`);
+        #: a pass requested by hand (`run_pass`) raises to its caller instead
         self.failed_passes = 0
 
     def start(self) -> None:

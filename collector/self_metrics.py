@@ -267,7 +267,8 @@ class CollectorMetrics:
 
     def watch_retention(self, retention: _RetentionState) -> None:
         """Exports `--retention`'s passes (only a collector with retention has them):
-        `tokentrace_retention_deleted_total{table}` and
+        `tokentrace_retention_deleted_total{table}`,
+        `tokentrace_retention_failed_passes_total` and
         `tokentrace_retention_last_run_timestamp_seconds`."""
         self.registry.register(RetentionPasses(retention))
 
@@ -333,12 +334,16 @@ class _RetentionState(Protocol):
     @property
     def last_pass_s(self) -> float | None: ...
 
+    @property
+    def failed_passes(self) -> int: ...
+
 
 class RetentionPasses:
     """The retention thread's own totals, read at each scrape: rows deleted per
-    table (a counter), and when the last pass completed (a gauge; no sample before
-    the first).  An alert on its age catches passes that keep failing: each failure
-    is logged, but the file then grows without bound."""
+    table and passes that failed (counters), and when the last pass completed (a
+    gauge; no sample before the first).  An alert on failures, or on the last
+    pass's age, catches passes that keep failing: each failure is logged, but the
+    file then grows without bound."""
 
     def __init__(self, retention: _RetentionState) -> None:
         self._retention = retention
@@ -347,12 +352,16 @@ class RetentionPasses:
         return list(self._families())
 
     @staticmethod
-    def _families() -> tuple[CounterMetricFamily, GaugeMetricFamily]:
+    def _families() -> tuple[CounterMetricFamily, CounterMetricFamily, GaugeMetricFamily]:
         return (
             CounterMetricFamily(
                 "tokentrace_retention_deleted",
                 "rows deleted by --retention because they were older than the retention, per table",
                 labels=["table"],
+            ),
+            CounterMetricFamily(
+                "tokentrace_retention_failed_passes",
+                "--retention passes that failed (each is logged and retried at the next pass)",
             ),
             GaugeMetricFamily(
                 "tokentrace_retention_last_run_timestamp_seconds",
@@ -361,13 +370,15 @@ class RetentionPasses:
         )
 
     def collect(self) -> Iterator[Metric]:
-        deleted, last_run = self._families()
+        deleted, failed, last_run = self._families()
         for table, rows in list(self._retention.deleted_total.items()):
             deleted.add_metric([table], rows)
+        failed.add_metric([], self._retention.failed_passes)
         last = self._retention.last_pass_s
         if last is not None:
             last_run.add_metric([], last)
         yield deleted
+        yield failed
         yield last_run
 
 

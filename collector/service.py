@@ -288,6 +288,9 @@ class CollectorServer:
         self._restore_gc: Any = None
         self._stopped = False
         self._web_started = False
+        #: the id of the note this server left beside the database; None: it left none,
+        #: so a failed start has none to remove (and leaves a killed serve's alone)
+        self._note: str | None = None
 
     @property
     def otlp_http_url(self) -> str:
@@ -370,7 +373,7 @@ class CollectorServer:
                     "written (its tail buffer, up to --grace-s after each trace's end) was lost",
                     s.db, killed,
                 )  # fmt: skip
-            write_note(s.db, self.web_url, token_required=bool(s.api_token))
+            self._note = write_note(s.db, self.web_url, token_required=bool(s.api_token))
         return self
 
     def _remove_store_if_new(self) -> None:
@@ -411,8 +414,8 @@ class CollectorServer:
             return
         self._stopped = True
         try:
-            if self._web_started:
-                remove_note(self.settings.db)
+            if self._note is not None:
+                remove_note(self.settings.db, self._note)
             if self._restore_gc is not None:
                 self._restore_gc()
             # stop taking data first (gRPC lets in-flight exports finish), then

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from tokentrace.store.location import DB_ENV, resolve_db_path
+from tokentrace.store.location import DB_ENV, DEFAULT_MEMORY_LIMIT, resolve_db_path
 
 
 class SettingError(ValueError):
@@ -115,6 +115,18 @@ class CollectorSettings:
         """The address the OTLP receivers bind: `otlp_host`, else `host`."""
         return self.otlp_host or self.host
 
+    def as_applied(self) -> dict[str, Any]:
+        """Gives every setting as `serve` applies it, for its start-up log: an unset
+        setting that stands for another value says that value (`otlp_host`: the
+        address the receivers bind; `duckdb_memory_limit`: the store's default), and
+        the API token is masked."""
+        applied = {f.name: getattr(self, f.name) for f in fields(self)}
+        applied["otlp_host"] = self.otlp_bind_host
+        applied["duckdb_memory_limit"] = self.duckdb_memory_limit or DEFAULT_MEMORY_LIMIT
+        if self.api_token:
+            applied["api_token"] = "***"
+        return applied
+
     @property
     def retention_s(self) -> float | None:
         """`retention` in seconds; None (unset, empty or `none`): keep everything."""
@@ -171,8 +183,6 @@ def shown_default(name: str) -> str:
     if name == "otlp_host":
         return "same as --host"
     if name == "duckdb_memory_limit":
-        from tokentrace.store.location import DEFAULT_MEMORY_LIMIT
-
         return DEFAULT_MEMORY_LIMIT  # applied when the database is opened
     default: Any = CollectorSettings.__dataclass_fields__[name].default
     if name in ("max_body_bytes", "max_buffered_bytes"):

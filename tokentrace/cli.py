@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import logging
 import os
 import sys
@@ -108,7 +107,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     def ready() -> None:
         logging.getLogger("tokentrace").info(
             "tokentrace serve settings: %s",
-            ", ".join(f"{k}={'***' if k == 'api_token' and v else v}" for k, v in dataclasses.asdict(settings).items()),
+            ", ".join(f"{k}={v}" for k, v in settings.as_applied().items()),
         )
         otlp = settings.otlp_bind_host  # may differ from the web UI's (--otlp-host)
         print(

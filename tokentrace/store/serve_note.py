@@ -5,6 +5,11 @@ DuckDB lets one process open a database file, so while `serve` runs,
 `--url`.  To say exactly which URL, `serve` leaves a small note beside the
 file (`<db>.serve.json`: its pid, the web UI's URL, whether a token is needed)
 for as long as it runs.  A note whose process is gone is ignored.
+
+Each note also carries an id of its own (`start`), because a pid does not say
+which serve wrote it: a serve restarted in a container runs under the pid its
+killed predecessor had (often 1).  A serve removes only the note it wrote, and
+a note naming this process that it did not write is a predecessor's.
 """
 
 from __future__ import annotations
@@ -12,41 +17,55 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger("tokentrace")
+
+#: The ids of the notes this process wrote and has not removed: its running serves'.
+_written: set[str] = set()
 
 
 def note_path(db: Path) -> Path:
     return db.with_name(db.name + ".serve.json")
 
 
-def write_note(db: Path, web_url: str, token_required: bool) -> None:
-    """Leaves the note; a failure to write it costs the hint, never the server."""
+def write_note(db: Path, web_url: str, token_required: bool) -> str | None:
+    """Leaves the note; gives its id for `remove_note`, None when it could not be
+    written (that costs the hint, never the server)."""
+    start = secrets.token_hex(8)
+    note = {"pid": os.getpid(), "web": web_url, "token": token_required, "start": start}
     try:
-        note_path(db).write_text(
-            json.dumps({"pid": os.getpid(), "web": web_url, "token": token_required})
-        )
+        note_path(db).write_text(json.dumps(note))
     except OSError as exc:
         logger.debug("tokentrace: no serve note beside %s: %s", db, exc)
+        return None
+    _written.add(start)
+    return start
 
 
-def remove_note(db: Path) -> None:
-    """Removes the note if it is this process's (another serve may have taken over)."""
-    note = read_note(db)
-    if note is not None and note["pid"] == os.getpid():
-        note_path(db).unlink(missing_ok=True)
+def remove_note(db: Path, start: str) -> None:
+    """Removes the note that `write_note` gave the id `start`, and no other (another
+    serve may have taken over since)."""
+    _written.discard(start)
+    try:
+        if json.loads(note_path(db).read_text()).get("start") != start:
+            return
+    except (OSError, ValueError, AttributeError):
+        return
+    note_path(db).unlink(missing_ok=True)
 
 
 def unclean_stop(db: Path) -> int | None:
     """Gives the pid of a serve of `db` that ended without removing its note (killed:
     `kill -9`, the OOM killer, a crash), None when the last one stopped cleanly."""
     try:
-        pid = int(json.loads(note_path(db).read_text())["pid"])
+        note = json.loads(note_path(db).read_text())
+        pid = int(note["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return None if pid == os.getpid() or _alive(pid) else pid
+    return None if _running(note, pid) else pid
 
 
 def read_note(db: Path) -> dict[str, Any] | None:
@@ -56,9 +75,19 @@ def read_note(db: Path) -> dict[str, Any] | None:
         pid, web = int(note["pid"]), str(note["web"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not web.startswith(("http://", "https://")) or not _alive(pid):
+    if not web.startswith(("http://", "https://")) or not _running(note, pid):
         return None
     return {"pid": pid, "web": web, "token": bool(note.get("token"))}
+
+
+def _running(note: dict[str, Any], pid: int) -> bool:
+    """Whether the serve that wrote `note` (naming `pid`) still runs."""
+    start = note.get("start")
+    if isinstance(start, str) and start in _written:
+        return True  # a serve of this process
+    # a note naming this process that it did not write is a predecessor's under
+    # the same pid (a restarted container's): gone
+    return pid != os.getpid() and _alive(pid)
 
 
 def _alive(pid: int) -> bool:
