@@ -40,7 +40,12 @@ from operator import attrgetter
 from typing import Any
 
 from tokentrace.analyzer.attribution import TraceResult, summarize_trace
-from tokentrace.analyzer.engine_steps import MAX_STEPS_PER_SPAN, MAX_STEPS_PER_TRACE, EngineStep
+from tokentrace.analyzer.engine_steps import (
+    MAX_STEPS_PER_SPAN,
+    MAX_STEPS_PER_TRACE,
+    EngineStep,
+    dropped_steps,
+)
 from tokentrace.analyzer.spans import KIND_SERVER, STATUS_ERROR, Span
 from tokentrace.analyzer.summary import RequestSummary
 from tokentrace.collector.gc_tuning import tune_for_ingest
@@ -149,12 +154,21 @@ class _ExportCap:
     lock = threading.Lock()
     dropped = 0
     logged = False
+    #: what the per-span / per-trace caps (analyzer/engine_steps.py) dropped in decode
+    #: workers: counted in the worker's own process, handed back with each export
+    worker_capped = 0
 
 
 def export_dropped_steps() -> int:
     """Gives how many engine steps the export bound (MAX_STEPS_PER_EXPORT) dropped in
     this process (those a decode worker dropped included)."""
     return _ExportCap.dropped
+
+
+def steps_dropped_total() -> int:
+    """Gives every engine step this collector dropped unread: the export bound's, and the
+    per-span / per-trace caps' in this process and in its decode workers."""
+    return dropped_steps() + _ExportCap.dropped + _ExportCap.worker_capped
 
 
 def note_dropped_steps(dropped: int, service: str) -> None:
@@ -173,14 +187,15 @@ def note_dropped_steps(dropped: int, service: str) -> None:
         )  # fmt: skip
 
 
-def decode_export(body: bytes) -> tuple[list[WireTrace], Rejected, tuple[int, str]]:
+def decode_export(body: bytes) -> tuple[list[WireTrace], Rejected, tuple[int, str, int]]:
     """Runs in the worker: the export's valid spans grouped by trace (first-seen
     order, spans in export order) and packed, each with its summary as if the
     export held the whole trace; what was rejected; and what `limit_export_steps`
-    dropped.  Raises OtlpDecodeError for a body that is not an export, like the
-    in-process path."""
+    dropped (with the service it names), and then the per-span / per-trace caps.
+    Raises OtlpDecodeError for a body that is not an export, like the in-process path."""
+    capped_before = dropped_steps()
     spans, rejected = decode_protobuf_partial(body)
-    dropped = limit_export_steps(spans)
+    dropped, service = limit_export_steps(spans)
     by_trace: dict[str, list[Span]] = {}
     for span in spans:
         group = by_trace.get(span.trace_id)
@@ -221,7 +236,7 @@ def decode_export(body: bytes) -> tuple[list[WireTrace], Rejected, tuple[int, st
         for *_, rows, _, trace_counts in out:
             if trace_counts is not None and rows:
                 trace_counts.extend(next(counts) for _ in rows)
-    return out, rejected, dropped
+    return out, rejected, (dropped, service, dropped_steps() - capped_before)
 
 
 def unpack(wire: list[WireTrace]) -> list[PackedTrace]:
@@ -305,7 +320,7 @@ class DecodePool:
             return decode_protobuf_partial(body)
         pool = self._pool()
         try:
-            wire, rejected, (dropped, service) = await asyncio.get_running_loop().run_in_executor(
+            wire, rejected, (dropped, service, capped) = await asyncio.get_running_loop().run_in_executor(
                 pool, decode_export, body
             )
         except BrokenProcessPool:
@@ -315,8 +330,12 @@ class DecodePool:
             self._replace(pool)
             return decode_protobuf_partial(body)
         self.offloaded += 1
-        if dropped:  # counted here: the worker's own count would never reach /metrics
+        # counted here: the worker's own counts would never reach /metrics
+        if dropped:
             note_dropped_steps(dropped, service)
+        if capped:
+            with _ExportCap.lock:
+                _ExportCap.worker_capped += capped
         return unpack(wire), rejected
 
     def worker_pids(self) -> list[int]:

@@ -210,6 +210,19 @@ class CollectorMetrics:
             "engine step or GPU sample counts one",
             registry=r,
         )
+        self.rows_lost = RunningTotal(
+            "tokentrace_rows_lost",
+            "rows decided after the DuckDB writer thread had stopped, never written "
+            "(request summaries, kept traces, late spans, engine steps, GPU samples); "
+            "tokentrace_store_writable reads 0 then: restart the collector",
+            registry=r,
+        )
+        self.engine_steps_dropped = RunningTotal(
+            "tokentrace_engine_steps_dropped",
+            "engine steps dropped unread: past 4,096 a batch span, 65,536 a trace or "
+            "524,288 an export (the tokentrace SDK sends at most 512 a span)",
+            registry=r,
+        )
         self.decode_worker_restarts = RunningTotal(
             "tokentrace_decode_worker_restarts",
             "decode worker pools replaced because a worker process died (OOM killer, kill); "

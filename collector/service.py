@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tokentrace.collector.decode_pool import DecodePool
+from tokentrace.collector.decode_pool import DecodePool, steps_dropped_total
 from tokentrace.collector.gc_tuning import tune_for_ingest
 from tokentrace.collector.grpc_receiver import start_grpc_server
 from tokentrace.collector.http_receiver import create_http_app
@@ -96,6 +96,8 @@ class Collector:
         m.write_errors.set(self.writer.write_errors)
         m.requests_written.set(self.writer.requests_written)
         m.spans_written.set(self.writer.spans_written)
+        m.rows_lost.set(self.pipeline.stats.rows_lost)
+        m.engine_steps_dropped.set(steps_dropped_total())
 
     def start(self) -> None:
         self.pipeline.start()
