@@ -22,12 +22,17 @@ MAX_INT64 = 2**63 - 1
 MAX_NS = MAX_INT64
 _INF = float("inf")
 
-#: One or more (number, unit) pairs: Rust's `Duration` Debug ("12.3ms", "123.456µs"),
-#: and the compound forms other senders write ("2m3s", "1h2m3.5s").
+#: One (number, unit) pair: Rust's `Duration` Debug ("12.3ms", "123.456µs"), the usual.
 _PART = r"([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*(ns|µs|μs|us|ms|s|m|h)"
-_DURATION = re.compile(rf"^\s*{_PART}\s*$")  # the usual: one part
-_COMPOUND = re.compile(rf"^\s*(-)?\s*((?:{_PART}\s*)+)$")
-_PARTS = re.compile(_PART)
+_DURATION = re.compile(_PART)
+#: One or more pairs, maybe negative: the compound forms other senders write ("2m3s",
+#: "1h2m3.5s").  Both are matched whole against the text with its blanks stripped
+#: (`str.strip` strips what `\s` matches): blanks matched at the ends, beside the
+#: sign's, left two runs of blanks side by side that a failing match split every way,
+#: each split tried on the rest of the text, which is quadratic (a hostile attribute
+#: stalled a decision for minutes).  Each run of blanks left lies between two things
+#: that are no blanks, so a failing match gives each blank back once.
+_COMPOUND = re.compile(rf"(-)?\s*((?:{_PART}\s*)+)")
 _UNIT_NS = {"ns": 1, "µs": 1_000, "μs": 1_000, "us": 1_000, "ms": 1_000_000, "s": 10**9,
             "m": 60 * 10**9, "h": 3600 * 10**9}
 
@@ -108,13 +113,14 @@ class ValueReader:
         "789ns"; also compound "2m3s") as ns; a bare number is seconds."""
         if value.__class__ is not str:
             return self.seconds_ns(value)
-        m = _DURATION.match(value)  # type: ignore[arg-type]
+        text: str = value.strip()  # type: ignore[attr-defined]
+        m = _DURATION.fullmatch(text)
         if m is not None:
             return self.duration(float(m.group(1)) * _UNIT_NS[m.group(2)])
-        c = _COMPOUND.match(value)  # type: ignore[arg-type]
+        c = _COMPOUND.fullmatch(text)
         if c is None:
             return self.seconds_ns(value)  # "5": seconds; "abc", "": not measured
-        ns = sum(float(n) * _UNIT_NS[unit] for n, unit in _PARTS.findall(c.group(2)))
+        ns = sum(float(n) * _UNIT_NS[unit] for n, unit in _DURATION.findall(c.group(2)))
         return self.duration(-ns if c.group(1) else ns)
 
     def times_ms(self, values: Sequence[object], scale: float) -> list[float]:

@@ -21,6 +21,7 @@ from tokentrace.analyzer.conventions._common import (
     build_summary,
     client_token_offsets_ms,
     client_ttft_ms,
+    inside_any,
 )
 from tokentrace.analyzer.conventions._values import ValueReader
 from tokentrace.analyzer.spans import KIND_CLIENT, KIND_SERVER, Span
@@ -59,27 +60,10 @@ def outer_clients(trace: TraceView) -> list[Span]:
     clients = [x for x in trace.spans if _is_llm_client(x)]
     if len(clients) < 2:
         return clients
-    ids = {c.span_id for c in clients}
-    # whether a client span lies above a span, remembered for every span on the way up:
-    # a chain of n wrappers walked afresh from each would cost n^2/2 (a hostile export)
-    above: dict[str, bool] = {}
-    outer = []
-    for c in clients:
-        path = [c.span_id]
-        found = False
-        for a in trace.ancestors(c):
-            if a.span_id in ids:
-                found = True
-                break
-            if a.span_id in above:
-                found = above[a.span_id]
-                break
-            path.append(a.span_id)
-        for span_id in path:
-            above[span_id] = found
-        if not found:
-            outer.append(c)
-    return outer
+    # remembered for every span on the way up: a chain of n wrappers walked afresh from
+    # each would cost n^2/2 (a hostile export); loops of parent ids answered as the walk
+    nested = inside_any(trace, _is_llm_client)
+    return [c for c in clients if not nested(c)]
 
 
 def _server_below(trace: TraceView, client: Span) -> Span | None:
