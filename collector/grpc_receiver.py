@@ -160,11 +160,22 @@ def start_grpc_server(
             _export_handler(METRICS_SERVICE, _MetricsService(pipeline, m).Export),
         )
     )
+    target = host_port(host, port)
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = server.add_insecure_port(target)
     except RuntimeError as exc:  # grpcio >= 1.5x raises where older ones gave 0
-        raise OSError(f"cannot bind OTLP/gRPC on {host}:{port}: is the port in use?") from exc
+        # grpc's message says no cause (its C core logged one); the caller can probe
+        # the address for the OS's reason (collector/service.py check_bindable)
+        raise OSError(f"cannot serve OTLP/gRPC on {target}: {exc}") from exc
     if bound == 0:
-        raise OSError(f"cannot bind OTLP/gRPC on {host}:{port}: is the port in use?")
+        raise OSError(f"cannot serve OTLP/gRPC on {target}: grpc could not bind it")
     server.start()
     return server, bound
+
+
+def host_port(host: str, port: int) -> str:
+    """Gives `host:port` as gRPC targets and URLs write it: an IPv6 literal in
+    brackets (`[::1]:4317`; grpc reads a bare `::1:4317` as a misformatted name)."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"

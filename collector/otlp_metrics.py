@@ -8,6 +8,7 @@ are counted and ignored: the collector is not a general metrics store.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -75,24 +76,24 @@ class _Rows:
     ) -> None:  # fmt: skip
         gpu = attrs.get(sc.GPU_INDEX, 0)
         if value is None or isinstance(gpu, bool) or not isinstance(gpu, (int, str)):
-            self._reject(f"{column}: data point needs a value and an integer {sc.GPU_INDEX}")
+            self.reject(f"{column}: data point needs a value and an integer {sc.GPU_INDEX}")
             return
         try:
             gpu_index = int(gpu)
         except ValueError:
-            self._reject(f"{column}: {sc.GPU_INDEX} {gpu!r} is not an integer")
+            self.reject(f"{column}: {sc.GPU_INDEX} {gpu!r} is not an integer")
             return
         if not 0 <= gpu_index <= MAX_GPU_INDEX:
-            self._reject(
+            self.reject(
                 f"{column}: {sc.GPU_INDEX} must be in 0..{MAX_GPU_INDEX}, got {_brief(gpu_index)}"
             )
             return
         if ts_ns > MAX_NS:  # a protobuf fixed64 (OTLP/JSON's are checked as they are read)
-            self._reject(f"{column}: time must be nanoseconds in 0..2^63-1, got {ts_ns}")
+            self.reject(f"{column}: time must be nanoseconds in 0..2^63-1, got {ts_ns}")
             return
         stored, why = _column_value(value, is_int)
         if why:
-            self._reject(f"{column}: {why}")
+            self.reject(f"{column}: {why}")
             return
         key = (service, instance, gpu_index, ts_ns)
         row = self.by_key.get(key)
@@ -101,7 +102,8 @@ class _Rows:
             row.update(service=service, instance=instance, gpu_index=gpu_index, ts_ns=ts_ns)
         row[column] = stored
 
-    def _reject(self, why: str) -> None:
+    def reject(self, why: str) -> None:
+        """Counts one data point refused (OTLP partial success); the first reason is kept."""
         self.result.rejected_points += 1
         if not self.result.message:
             self.result.message = why
@@ -114,12 +116,16 @@ class _Rows:
 def _column_value(value: float | int, is_int: bool) -> tuple[float | int | None, str]:
     """Gives a data point's value as its column stores it, or why it cannot be stored:
     a byte count (`is_int`) must be a whole number of bytes in 0..MAX_BYTES (a double
-    is truncated; NaN and infinities are none), any other value a double."""
+    is truncated; NaN and infinities are none), any other value a finite double (a NaN
+    utilization would make every mean over it NaN, an infinite power every sum)."""
     if not is_int:
         try:
-            return float(value), ""
+            number = float(value)
         except OverflowError:  # an OTLP/JSON asInt beyond a double
             return None, f"the value must fit a double, got {_brief(value)}"
+        if not math.isfinite(number):
+            return None, f"the value must be a finite number, got {number}"
+        return number, ""
     if isinstance(value, float):
         if not math.isfinite(value):
             return None, f"a byte count must be a finite number, got {value}"
@@ -180,6 +186,40 @@ def decode_metrics_protobuf(body: bytes) -> MetricsResult:
     return gpu_rows_from_request(parse_metrics_request(body))
 
 
+def _j_point_value(dp: Mapping[str, Any]) -> float | int | None:
+    """Gives an OTLP/JSON data point's value, None when it has none.
+
+    proto3 JSON writes a double as a number or a string ("1.5", "NaN", "Infinity")
+    and an int64 as a string or a whole number; anything else (a bool, an object, a
+    fraction for `asInt`) raises OtlpDecodeError saying what it got."""
+    if "asDouble" in dp:
+        raw = dp["asDouble"]
+        if not isinstance(raw, bool) and isinstance(raw, (int, float, str)):
+            try:
+                return float(raw)
+            except ValueError:  # not a number's spelling
+                pass
+            except OverflowError as exc:  # a JSON integer beyond a double
+                raise OtlpDecodeError(f"asDouble must fit a double, got {_brief(raw)}") from exc
+        raise OtlpDecodeError(f"asDouble must be a number, got {_brief_json(raw)}")
+    if "asInt" in dp:
+        raw = dp["asInt"]
+        if isinstance(raw, float) and raw.is_integer():
+            return int(raw)
+        if not isinstance(raw, bool) and isinstance(raw, (int, str)):
+            try:
+                return int(raw)
+            except ValueError:  # not digits, or more than int() reads
+                pass
+        raise OtlpDecodeError(f"asInt must be an integer, got {_brief_json(raw)}")
+    return None
+
+
+def _brief_json(raw: Any) -> str:
+    """Gives a JSON value for a message: its JSON spelling, cut short."""
+    text = json.dumps(raw) if isinstance(raw, (bool, type(None))) else repr(raw)
+    return text if len(text) <= 40 else f"{text[:36]}..."
+
 
 def decode_metrics_json(doc: Any) -> MetricsResult:
     """Gives the gpu_samples rows of an OTLP/JSON metrics export document."""
@@ -198,15 +238,15 @@ def decode_metrics_json(doc: Any) -> MetricsResult:
                     rows.result.ignored_metrics += 1
                     continue
                 for dp in _j_list(_j_obj(data, "gauge").get("dataPoints"), "dataPoints"):
-                    dp = _j_obj(dp, "data point")
-                    value: float | int | None = None
+                    # what is wrong inside one data point refuses that point alone (OTLP
+                    # partial success), as protobuf's range checks in `_Rows.point` do
                     try:
-                        if "asDouble" in dp:
-                            value = float(dp["asDouble"])
-                        elif "asInt" in dp:
-                            value = int(dp["asInt"])
-                    except (TypeError, ValueError) as exc:
-                        raise OtlpDecodeError(f"invalid data point value: {exc}") from exc
-                    ts = _j_int(dp.get("timeUnixNano", 0), "timeUnixNano")
-                    rows.point(service, instance, *target, _j_attrs(dp.get("attributes")), ts, value)
+                        dp = _j_obj(dp, "data point")
+                        value = _j_point_value(dp)
+                        ts = _j_int(dp.get("timeUnixNano", 0), "timeUnixNano")
+                        attrs = _j_attrs(dp.get("attributes"))
+                    except OtlpDecodeError as exc:
+                        rows.reject(f"{target[0]}: {exc}")
+                        continue
+                    rows.point(service, instance, *target, attrs, ts, value)
     return rows.done()

@@ -16,7 +16,7 @@ from typing import Any
 
 from tokentrace.collector.decode_pool import DecodePool, steps_dropped_total
 from tokentrace.collector.gc_tuning import tune_for_ingest
-from tokentrace.collector.grpc_receiver import start_grpc_server
+from tokentrace.collector.grpc_receiver import host_port, start_grpc_server
 from tokentrace.collector.http_receiver import create_http_app
 from tokentrace.collector.otlp import (
     OtlpDecodeError,
@@ -197,23 +197,70 @@ def import_files(settings: CollectorSettings, paths: Iterable[Path]) -> dict[str
         collector.close()
 
 
-def check_bindable(host: str, port: int, what: str) -> None:
-    """Raises OSError naming the server and the cause when `host:port` cannot be
-    bound.  The servers' own errors say neither: uvicorn exits with
-    SystemExit(3) from its thread, grpc raises "Failed to bind"."""
-    if port == 0:
-        return
+def _bare(host: str) -> str:
+    """Gives `host` as sockets take it: an IPv6 literal without its URL brackets."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def _addresses(host: str, port: int) -> list[tuple[int, int, int, Any]]:
+    """Gives every address a server on `host:port` binds, as asyncio's `create_server`
+    (uvicorn) and grpc resolve them: all of getaddrinfo's answers, so a name such as
+    `localhost` is often two (::1 and 127.0.0.1); "" means every interface."""
+    infos = socket.getaddrinfo(
+        _bare(host) or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    return list(dict.fromkeys((family, kind, proto, sa) for family, kind, proto, _, sa in infos))
+
+
+def bind_sockets(host: str, port: int, what: str) -> list[socket.socket]:
+    """Gives sockets bound (not yet listening) to every address of `host:port`, with
+    the options asyncio's `create_server` sets; raises OSError naming the server, the
+    address and the cause.  `port` 0: the first address picks one, the others take it."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        with socket.socket(family, kind, proto) as sock:
+        addresses = _addresses(host, port)
+    except OSError as exc:  # socket.gaierror: a name that does not resolve
+        where = host_port(host, port)
+        raise OSError(f"cannot serve {what} on {where}: {exc.strerror or exc}") from exc
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, address in addresses:
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
             # as the servers do: a port left in TIME_WAIT by a stopped server is free
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(address)
-    except OSError as exc:
-        hint = f" (choose another port with --{_PORT_FLAG[what]})" if exc.errno == errno.EADDRINUSE else ""
-        raise OSError(f"cannot serve {what} on {host}:{port}: {exc.strerror or exc}{hint}") from exc
+            if family == socket.AF_INET6:  # each family its own socket, as asyncio's
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind((address[0], port, *address[2:]))
+            except OSError as exc:
+                raise _bind_error(what, host, port, address[0], exc) from exc
+            port = port or int(sock.getsockname()[1])
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _bind_error(what: str, host: str, port: int, address: str, exc: OSError) -> OSError:
+    """Gives the error of a bind that failed: the server, its address (and the one of
+    the name's that failed), the OS's reason and, for a busy port, the flag to change."""
+    where = host_port(host, port)
+    if address != _bare(host):
+        where += f" (its address {host_port(address, port)})"
+    hint = f" (choose another port with --{_PORT_FLAG[what]})" if exc.errno == errno.EADDRINUSE else ""
+    return OSError(f"cannot serve {what} on {where}: {exc.strerror or exc}{hint}")
+
+
+def check_bindable(host: str, port: int, what: str) -> None:
+    """Raises OSError naming the server and the cause when an address of `host:port`
+    cannot be bound.  The servers' own errors say neither: uvicorn exits with
+    SystemExit(3) from its thread, grpc raises "Failed to bind" (and serves on what
+    it could bind of a name's addresses, so a busy one would go unnoticed)."""
+    if port == 0:
+        return
+    for sock in bind_sockets(host, port, what):
+        sock.close()
 
 
 _PORT_FLAG = {"OTLP/HTTP": "http-port", "OTLP/gRPC": "grpc-port", "web UI": "web-port"}
@@ -279,6 +326,8 @@ class CollectorServer:
         self.grpc_port = settings.grpc_port
         self._grpc: Any = None
         self._servers: list[Any] = []
+        #: per uvicorn server: what it serves, where, and the sockets bound for it
+        self._listeners: list[tuple[str, str, list[socket.socket]]] = []
         self.decoder = (
             DecodePool(settings.decode_processes, itl_bounds_ms=ITL_BUCKET_BOUNDS_MS)
             if settings.decode_processes
@@ -296,11 +345,11 @@ class CollectorServer:
 
     @property
     def otlp_http_url(self) -> str:
-        return f"http://{self.settings.otlp_bind_host}:{self.settings.http_port}"
+        return f"http://{host_port(self.settings.otlp_bind_host, self.settings.http_port)}"
 
     @property
     def web_url(self) -> str:
-        return f"http://{self.settings.host}:{self.settings.web_port}"
+        return f"http://{host_port(self.settings.host, self.settings.web_port)}"
 
     def start(self, timeout_s: float = 60.0) -> CollectorServer:
         """Starts every server and returns once all of them accept connections.
@@ -314,12 +363,12 @@ class CollectorServer:
         otlp_host = s.otlp_bind_host
         try:
             c.start()
-            self._grpc, self.grpc_port = start_grpc_server(
-                c.pipeline, otlp_host, s.grpc_port, s.max_body_bytes, c.metrics
-            )
+            self._start_grpc()
             # the Host check follows the address this server binds, not the web UI's
             otlp_app = create_http_app(c.pipeline, s.max_body_bytes, c.metrics, self.decoder, otlp_host)
-            apps: list[tuple[Any, str, int]] = [(otlp_app, otlp_host, s.http_port)]
+            apps: list[tuple[str, Any, str, int]] = [
+                ("OTLP/HTTP", otlp_app, otlp_host, s.http_port)
+            ]
             try:
                 from tokentrace.web.app import create_web_app
             except ModuleNotFoundError as exc:
@@ -334,15 +383,21 @@ class CollectorServer:
                 )
                 create_web_app = None  # type: ignore[assignment]
             if create_web_app is not None:
-                apps.append((create_web_app(s, c), s.host, s.web_port))
+                apps.append(("web UI", create_web_app(s, c), s.host, s.web_port))
                 self._web_started = s.web_port != 0
             quiet_server = _quiet_server_class()
-            self._servers = [
-                quiet_server(
-                    uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+            for what, app, host, port in apps:
+                # bound here, on the caller's thread: a port taken since the check is
+                # then this start's OSError, not uvicorn's SystemExit in the loop thread
+                sockets = bind_sockets(host, port, what)
+                self._listeners.append((what, host_port(host, port), sockets))
+                self._servers.append(
+                    quiet_server(
+                        uvicorn.Config(
+                            app, host=_bare(host), port=port, log_level="warning", lifespan="off"
+                        )
+                    )
                 )
-                for app, host, port in apps
-            ]
             started = threading.Event()
             errors: list[BaseException] = []
             self._thread = threading.Thread(
@@ -354,16 +409,15 @@ class CollectorServer:
                     f"the collector's servers did not start within {timeout_s:.0f} s"
                 )
             if errors:
-                raise RuntimeError(
-                    f"a collector server could not start: {errors[0]!r}"
-                ) from errors[0]
+                raise errors[0]
         except BaseException:
             self.stop()
             self._remove_store_if_new()
             raise
         logger.info(
-            "tokentrace serving: OTLP/HTTP %s:%d, OTLP/gRPC %s:%d, web %s:%d, db %s",
-            otlp_host, s.http_port, otlp_host, self.grpc_port, s.host, s.web_port, s.db,
+            "tokentrace serving: OTLP/HTTP %s, OTLP/gRPC %s, web %s, db %s",
+            host_port(otlp_host, s.http_port), host_port(otlp_host, self.grpc_port),
+            host_port(s.host, s.web_port), s.db,
         )  # fmt: skip
         self._restore_gc = tune_for_ingest()
         if self._web_started:  # `report --db` on the held file then names this URL
@@ -378,6 +432,22 @@ class CollectorServer:
             self._note = write_note(s.db, self.web_url, token_required=bool(s.api_token))
         return self
 
+    def _start_grpc(self) -> None:
+        """Starts the OTLP/gRPC server, or raises OSError naming the cause.
+
+        grpc says none when it cannot bind, and its C core logs a line of its own:
+        the address is probed first, as `check_ports` did, so a port taken since
+        is named plainly, and again after a failure for the OS's reason."""
+        s, c = self.settings, self.collector
+        check_bindable(s.otlp_bind_host, s.grpc_port, "OTLP/gRPC")
+        try:
+            self._grpc, self.grpc_port = start_grpc_server(
+                c.pipeline, _bare(s.otlp_bind_host), s.grpc_port, s.max_body_bytes, c.metrics
+            )
+        except OSError:
+            check_bindable(s.otlp_bind_host, s.grpc_port, "OTLP/gRPC")
+            raise
+
     def _remove_store_if_new(self) -> None:
         """After a failed start: deletes the database file if this start created it."""
         if self._db_is_new:
@@ -387,8 +457,8 @@ class CollectorServer:
         loop = asyncio.new_event_loop()
         try:
             loop.run_until_complete(self._serve_all(started, errors))
-        except BaseException as exc:  # uvicorn exits (SystemExit) when it cannot bind
-            errors.append(exc)
+        except Exception as exc:  # a bug of ours: still the start's error, never the thread's
+            errors.append(RuntimeError(f"the collector's servers stopped: {exc!r}"))
             for server in self._servers:
                 server.should_exit = True
         finally:
@@ -396,19 +466,24 @@ class CollectorServer:
             loop.close()
 
     async def _serve_all(self, started: threading.Event, errors: list[BaseException]) -> None:
-        tasks = [asyncio.create_task(server.serve()) for server in self._servers]
+        tasks = [
+            asyncio.create_task(_serve_one(server, sockets))
+            for server, (_, _, sockets) in zip(self._servers, self._listeners, strict=True)
+        ]
         try:
             while not all(server.started for server in self._servers):
-                if any(t.done() for t in tasks):
-                    failed = [t.exception() for t in tasks if t.done() and t.exception()]
-                    errors.append(failed[0] or RuntimeError("a server stopped during start-up"))
+                stopped = [i for i, task in enumerate(tasks) if task.done()]
+                if stopped:
+                    what, where, _ = self._listeners[stopped[0]]
+                    why = tasks[stopped[0]].result() or "it stopped during start-up"
+                    errors.append(RuntimeError(f"cannot serve {what} on {where}: {why}"))
                     for server in self._servers:
                         server.should_exit = True
                     break
                 await asyncio.sleep(0.02)
         finally:
             started.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks)
 
     def stop(self) -> None:
         """Stops every server, then decides and flushes everything buffered; runs once."""
@@ -428,10 +503,29 @@ class CollectorServer:
                 server.should_exit = True
             if self._thread is not None:
                 self._thread.join(30)
+            for _, _, sockets in self._listeners:  # uvicorn closes those it served
+                for sock in sockets:
+                    sock.close()
             if self.decoder is not None:
                 self.decoder.close()
         finally:
             self.collector.close()
+
+
+async def _serve_one(server: Any, sockets: list[socket.socket]) -> str | None:
+    """Runs one uvicorn server on its bound sockets; gives why it could not start,
+    None when it ran and stopped.  uvicorn ends a failed start with SystemExit
+    (after logging the cause): caught here, or it would leave the loop and its
+    other tasks pending."""
+    try:
+        await server.serve(sockets=sockets)
+    except (Exception, SystemExit) as exc:
+        if server.started:  # a server that ran, then failed: no start to fail, so say it here
+            logger.error("tokentrace: a collector server stopped: %r", exc, exc_info=exc)
+        if isinstance(exc, SystemExit):
+            return f"uvicorn exited during start-up (status {exc.code})"
+        return str(exc) or type(exc).__name__
+    return None
 
 
 def start_servers(settings: CollectorSettings) -> CollectorServer:

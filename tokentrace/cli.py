@@ -109,11 +109,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             "tokentrace serve settings: %s",
             ", ".join(f"{k}={v}" for k, v in settings.as_applied().items()),
         )
+        from tokentrace.collector.grpc_receiver import host_port  # IPv6 literals in brackets
+
         otlp = settings.otlp_bind_host  # may differ from the web UI's (--otlp-host)
         print(
-            f"tokentrace {__version__}: OTLP/HTTP on http://{otlp}:{settings.http_port}, "
-            f"OTLP/gRPC on {otlp}:{settings.grpc_port}, "
-            f"web UI on http://{settings.host}:{settings.web_port}, db {settings.db}",
+            f"tokentrace {__version__}: OTLP/HTTP on http://{host_port(otlp, settings.http_port)}, "
+            f"OTLP/gRPC on {host_port(otlp, settings.grpc_port)}, "
+            f"web UI on http://{host_port(settings.host, settings.web_port)}, db {settings.db}",
             flush=True,
         )
 
