@@ -45,11 +45,33 @@ def describe_window(report: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
+#: Where `tokentrace serve` takes OTLP unless told otherwise (collector/settings.py's defaults).
+DEFAULT_OTLP_HTTP = "http://127.0.0.1:4318"
+DEFAULT_OTLP_GRPC = "127.0.0.1:4317"
+
+
 def no_requests_message(report: dict[str, Any]) -> str:
-    """Says why a report is empty: nothing arrived yet, or the filters match nothing."""
+    """Says why a report is empty: nothing arrived yet (and where to send the spans), or
+    the filters match nothing.
+
+    A report from a server that says where it takes OTLP (`otlp`: `{"http": URL,
+    "grpc": HOST:PORT}`, as the explorer's `otlp` global) quotes those addresses;
+    otherwise `serve`'s defaults, named as such."""
     if (report.get("window") or {}).get("filters"):
         return f"No requests match {describe_window(report)}."
-    return "No requests in this window yet: point your server's OTLP exporter at the collector."
+    otlp = report.get("otlp")
+    said = otlp if isinstance(otlp, dict) else {}
+    http, grpc = said.get("http"), said.get("grpc")
+    if isinstance(http, str) and http:
+        where = f"OTLP/HTTP on {printable(http)}"
+        if isinstance(grpc, str) and grpc:
+            where += f", OTLP/gRPC on {printable(grpc)}"
+    else:
+        where = (
+            f"by default tokentrace serve takes OTLP/HTTP on {DEFAULT_OTLP_HTTP}, "
+            f"OTLP/gRPC on {DEFAULT_OTLP_GRPC}"
+        )
+    return f"No requests in this window yet: point your server's OTLP exporter at the collector ({where})."
 
 
 def format_ms(v: float | None) -> str:
@@ -91,6 +113,70 @@ def mixed_services_note(report: dict[str, Any], option: str = "--service NAME") 
     return f"These findings mix {services} services: {option} picks one."
 
 
+#: What the report's names mean, said under the table that shows them (`legend`).
+LATENCY_TERMS = {
+    "ttft": ("TTFT", "time to first token as the server saw it: queue, then prefill"),
+    "ttft_client": ("TTFT (user)", "as the client saw it, network included"),
+    "tpot": ("TPOT", "time per output token after the first"),
+    "itl": ("ITL", "gap between consecutive tokens"),
+}
+BUCKET_TERMS = {
+    "queue": ("queue", "the server's time outside compute (waits, tokenizing, overhead)"),
+    "prefill": ("prefill", "the compute part of TTFT"),
+    "decode": ("decode", "first token to last"),
+}
+QUEUE_PART_TERMS = {
+    "queue_wait": ("queue_wait", "measured scheduler wait"),
+    "tokenize": ("tokenize", "measured tokenization"),
+    "other": ("other", "the rest of the queue"),
+}
+KEPT_TRACES_TERM = (
+    "kept traces",
+    "requests whose whole span tree was kept (slow, broken, or the baseline sample); "
+    "the rest keep a summary row",
+)
+
+
+def _measured(row: dict[str, Any] | None) -> bool:
+    return any(v is not None for v in (row or {}).values())
+
+
+def queue_parts_shown(report: dict[str, Any]) -> bool:
+    """Whether the queue's parts are measured in this window (the text report's `queue =` line)."""
+    queue = (report.get("buckets") or {}).get("queue") or {}
+    return any((queue.get("parts") or {}).values())
+
+
+def legend(report: dict[str, Any]) -> dict[str, list[list[tuple[str, str]]]]:
+    """Gives the names to explain under each table, for the rows the report shows: per
+    table (`latency`, `buckets`, `requests`) its lines, each a list of (name, meaning)."""
+    if not (report.get("requests") or {}).get("count"):
+        return {"latency": [], "buckets": [], "requests": []}
+    latency = report.get("latency") or {}
+    lines = [
+        [LATENCY_TERMS[k] for k in keys if _measured(latency.get(k))]
+        for keys in (("ttft", "ttft_client"), ("tpot", "itl"))
+    ]
+    buckets = [list(BUCKET_TERMS.values())]
+    if queue_parts_shown(report):
+        buckets.append(list(QUEUE_PART_TERMS.values()))
+    return {
+        "latency": [line for line in lines if line],
+        "buckets": buckets,
+        "requests": [[KEPT_TRACES_TERM]],
+    }
+
+
+def _text_legend(lines: list[list[tuple[str, str]]]) -> list[str]:
+    return ["  " + "; ".join(f"{name}: {meaning}" for name, meaning in line) for line in lines]
+
+
+def _md_legend(lines: list[list[tuple[str, str]]]) -> list[str]:
+    """Gives the legend as markdown lines, one paragraph (lines end in a hard break)."""
+    said = ["; ".join(f"**{name}**: {_md_escape(meaning)}" for name, meaning in line) for line in lines]
+    return [line + ("  " if i < len(said) - 1 else "") for i, line in enumerate(said)]
+
+
 def render_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, default=str)
 
@@ -120,6 +206,8 @@ def render_text(report: dict[str, Any]) -> str:
         if all(v is None for v in row.values()):
             continue
         lines.append(f"{label:<12}" + "".join(f"{format_ms(row[p]):>11}" for p in PERCENTILES))
+    terms = legend(report)
+    lines += _text_legend(terms["latency"])
     lines += ["", "where the time goes (share of all end-to-end time)"]
     for b in BUCKETS:
         bucket = report["buckets"][b]
@@ -132,11 +220,12 @@ def render_text(report: dict[str, Any]) -> str:
             f"  {b:<9} {(share or 0) * 100:5.1f} %  {bar:<40} p50 {format_ms(bucket['p50'])}, p99 {format_ms(bucket['p99'])}"
         )
     parts = report["buckets"]["queue"].get("parts") or {}
-    if any(parts.values()):
+    if queue_parts_shown(report):
         lines.append(
             "            queue = "
             + ", ".join(f"{k} {(v or 0) * 100:.1f} %" for k, v in parts.items())
         )
+    lines += _text_legend(terms["buckets"]) + _text_legend(terms["requests"])
     findings = report.get("findings") or []
     lines += ["", "diagnosis"]
     if not findings:
@@ -188,6 +277,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         if all(v is None for v in row.values()):
             continue
         out.append(f"| {label} | " + " | ".join(format_ms(row[p]) for p in PERCENTILES) + " |")
+    terms = legend(report)
+    if terms["latency"]:
+        out += ["", *_md_legend(terms["latency"])]
     out += ["", "## Where the time goes", "", "| bucket | share | p50 | p99 |", "|---|---:|---:|---:|"]
     for b in BUCKETS:
         bucket = report["buckets"][b]
@@ -195,6 +287,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             out.append("| network | not measured | | |")
             continue
         out.append(f"| {b} | {(bucket['share'] or 0) * 100:.1f} % | {format_ms(bucket['p50'])} | {format_ms(bucket['p99'])} |")
+    # the markdown table has no queue parts: their names are not explained
+    out += ["", *_md_legend(terms["buckets"][:1] + terms["requests"])]
     out += ["", "## Diagnosis", ""]
     findings = report.get("findings") or []
     if not findings:

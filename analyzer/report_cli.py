@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
@@ -16,7 +19,7 @@ from tokentrace.analyzer.remote_report import fetch_report, fetch_requests
 from tokentrace.analyzer.render import render_json, render_markdown, render_text
 from tokentrace.analyzer.render_html import render_html
 from tokentrace.analyzer.report import build_report
-from tokentrace.store.connection import StoreError, open_read_only
+from tokentrace.store.connection import StoreError, open_read_only, resolve_db_path
 from tokentrace.store.serve_note import read_note
 
 RENDERERS = {
@@ -27,22 +30,78 @@ RENDERERS = {
 }
 
 
-def open_local(db: Path, command: str) -> duckdb.DuckDBPyConnection:
-    """Opens `db` read-only; a database held by `serve` gives an error that says what to do."""
+#: DuckDB's words for a file another process has open for writing, and that process's id.
+_LOCKED = re.compile(r"could not set lock|conflicting lock", re.IGNORECASE)
+_HOLDER_PID = re.compile(r"\(PID (\d+)\)")
+
+
+def open_local(db: Path | None, command: str) -> duckdb.DuckDBPyConnection:
+    """Opens `db` read-only; a database another process holds gives what to run instead
+    (with that process's id), not DuckDB's lock message."""
+    path = resolve_db_path(db)
     try:
-        return open_read_only(db)
+        return open_read_only(path)
     except StoreError as exc:
-        if "lock" in str(exc).lower():
-            note = read_note(db)
-            if note is None:  # an older serve, or another program: the default URL
-                hint = f"e.g. `tokentrace {command} --url http://127.0.0.1:8600`"
-            else:
-                token = " --token TOKEN" if note["token"] else ""
-                hint = f"`tokentrace {command} --url {note['web']}{token}` (serve pid {note['pid']})"
-            raise StoreError(
-                f"{exc}\nA running `tokentrace serve` holds this database: ask it instead, {hint}"
-            ) from exc
-        raise
+        said = str(exc.__cause__ or "")  # DuckDB's own message; a path may say "lock" too
+        if not _LOCKED.search(said):
+            raise
+        raise StoreError(_held_message(path, command, said)) from exc
+
+
+def _held_message(db: Path, command: str, duckdb_said: str) -> str:
+    note = read_note(db)
+    if note is not None:
+        token = " --token TOKEN" if note["token"] else ""
+        return (
+            f"{db} is held by a running `tokentrace serve` (pid {note['pid']}), and DuckDB lets "
+            f"one process open it: ask the server instead, `tokentrace {command} --url {note['web']}{token}`"
+        )
+    # an older serve (no note), or another program: the pid DuckDB names, the default URL
+    pid = _HOLDER_PID.search(duckdb_said)
+    holder = f"another process (pid {pid.group(1)})" if pid else "another process"
+    return (
+        f"{db} is held by {holder}, and DuckDB lets one process open it: if that is "
+        f"`tokentrace serve`, ask it instead, e.g. `tokentrace {command} --url http://127.0.0.1:8600`"
+    )
+
+
+#: A duration ago for `--since` / `--until`: 10m, 2h, 1d, 90s, 1d12h (a unit is required).
+_DURATION = re.compile(r"(?:\d+(?:\.\d+)?[dhms])+")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
+_UNIT_NS = {"d": 86_400 * 10**9, "h": 3_600 * 10**9, "m": 60 * 10**9, "s": 10**9}
+#: What `--since` / `--until` take, as the errors and `--help` say it.
+WHEN_FORMS = "ISO 8601 (2026-11-21T10:00:00Z; UTC unless it says otherwise) or a duration ago (10m, 2h, 1d)"
+
+
+def parse_when(text: str | None, now_ns: int, option: str = "--since") -> int | None:
+    """Gives `text` in unix ns: an ISO 8601 time, or a duration before `now_ns`
+    (`10m`, `2h`, `1d`, `1d12h`); None when not given. Raises ValueError naming `option`."""
+    if not text:
+        return None
+    raw = text.strip().lower().replace(" ", "")
+    if _DURATION.fullmatch(raw):
+        ago = sum(float(n) * _UNIT_NS[unit] for n, unit in _DURATION_PART.findall(raw))
+        return max(0, now_ns - int(ago))  # further back than 1970: everything
+    try:
+        t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{option} {text!r} is neither: use {WHEN_FORMS}") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    return int(t.timestamp() * 1e9)
+
+
+def window_bounds(
+    since: str | None, until: str | None, now_ns: int | None = None
+) -> tuple[int | None, int | None]:
+    """Gives `--since` / `--until` as unix ns (one "now" for both durations); raises
+    ValueError for text that is neither form, or an empty window."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    start_ns, end_ns = parse_when(since, now_ns, "--since"), parse_when(until, now_ns, "--until")
+    if start_ns is not None and end_ns is not None and end_ns <= start_ns:
+        # an empty window is a typo, not a report of zero requests
+        raise ValueError(f"--until {until} is not after --since {since}")
+    return start_ns, end_ns
 
 
 def run_requests(args: argparse.Namespace, filters: Filters) -> int:

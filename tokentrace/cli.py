@@ -1,4 +1,4 @@
-"""The `tokentrace` command: serve, import, report, requests, demo (DESIGN.md §6)."""
+"""The `tokentrace` command: serve, import, report, requests, demo (README.md, docs/)."""
 
 from __future__ import annotations
 
@@ -36,32 +36,25 @@ def _add_window(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="only requests of this model")
     p.add_argument("--tenant", help="only requests of this tenant")
     p.add_argument("--traffic-class", choices=("interactive", "batch"), help="only this class")
-    p.add_argument("--since", help="only requests that started at/after this ISO time")
-    p.add_argument("--until", help="only requests that started before this ISO time")
+    p.add_argument(
+        "--since",
+        help="only requests that started at/after this time: ISO 8601 (2026-11-21T10:00:00Z, "
+        "UTC unless it says otherwise) or a duration ago (10m, 2h, 1d)",
+    )
+    p.add_argument(
+        "--until",
+        help="only requests that started before this time: ISO 8601 or a duration ago (e.g. 5m)",
+    )
 
 
 def _filters(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from datetime import datetime, timezone
-
     from tokentrace.analyzer.filters import Filters
+    from tokentrace.analyzer.report_cli import window_bounds
 
-    def ns(text: str | None) -> int | None:
-        if not text:
-            return None
-        try:
-            t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError as exc:
-            raise SystemExit(
-                f"tokentrace: invalid time {text!r}: use ISO 8601 (2026-11-21T10:00:00Z)"
-            ) from exc
-        if t.tzinfo is None:
-            t = t.replace(tzinfo=timezone.utc)
-        return int(t.timestamp() * 1e9)
-
-    start_ns, end_ns = ns(args.since), ns(args.until)
-    if start_ns is not None and end_ns is not None and end_ns <= start_ns:
-        # an empty window is a typo, not a report of zero requests
-        raise SystemExit(f"tokentrace: --until {args.until} is not after --since {args.since}")
+    try:
+        start_ns, end_ns = window_bounds(args.since, args.until)
+    except ValueError as exc:
+        raise SystemExit(f"tokentrace: {exc}") from exc
     return Filters(
         start_ns=start_ns,
         end_ns=end_ns,
@@ -295,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("text", "markdown", "json", "html"),
         default="text",
         help="text for a terminal (default), markdown for an issue or a wiki, json for tools "
-        "(DESIGN.md §6), html for a self-contained page",
+        "(its fields: docs/report.md), html for a self-contained page",
     )
     _add_remote(p)
     p.add_argument("--output", "-o", type=Path, help="write to this file instead of stdout")

@@ -352,29 +352,76 @@ async def _amain(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Replay a real LLM trace against /v1/completions")
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--trace", choices=available_traces(), default="azure_conv")
-    parser.add_argument("--limit", type=int, default=50, help="trace rows to read")
-    parser.add_argument("--time-compression", type=float, default=10.0)
-    parser.add_argument("--prompt-scale", type=float, default=None)
-    parser.add_argument("--output-scale", type=float, default=None)
-    parser.add_argument("--max-prompt-tokens", type=int, default=400)
-    parser.add_argument("--max-output-tokens", type=int, default=128)
     parser.add_argument(
-        "--poisson-rate", type=float, default=None, help="replace trace arrivals (req/s)"
+        "--url", default="http://127.0.0.1:8000", help="the server to load (default: %(default)s)"
     )
     parser.add_argument(
-        "--concurrency", type=int, default=None, help="closed loop with N in flight"
+        "--trace",
+        choices=available_traces(),
+        default="azure_conv",
+        help="the production trace to replay (default: %(default)s)",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--limit", type=int, default=50, help="trace rows (requests) to read (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--time-compression",
+        type=float,
+        default=10.0,
+        help="replay the trace's arrivals this many times faster (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--prompt-scale",
+        type=float,
+        default=None,
+        help="multiply each trace prompt's token count by this (default: the trace's own "
+        "scale, e.g. 0.1 for azure_conv)",
+    )
+    parser.add_argument(
+        "--output-scale",
+        type=float,
+        default=None,
+        help="multiply each trace output's token count by this (default: the trace's own "
+        "scale, e.g. 0.3 for azure_conv)",
+    )
+    parser.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=400,
+        help="cap on a prompt's tokens after scaling (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-output-tokens",
+        type=int,
+        default=128,
+        help="cap on an output's tokens after scaling (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--poisson-rate",
+        type=float,
+        default=None,
+        help="replace the trace's arrivals with Poisson arrivals at this rate (req/s; "
+        "default: the trace's own arrivals)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="closed loop with N in flight (default: open loop, at the arrival times)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the Poisson arrivals (default: %(default)s)"
+    )
     parser.add_argument(
         "--otlp-endpoint",
         default=None,
         help="trace each request as a tokentrace client span to this OTLP/HTTP endpoint"
-        " (e.g. http://127.0.0.1:4318): measures the network bucket; untraced without it",
+        " (e.g. http://127.0.0.1:4318): measures the network bucket (default: untraced)",
     )
     parser.add_argument(
-        "--service-name", default="load-generator", help="service.name of the client spans"
+        "--service-name",
+        default="load-generator",
+        help="service.name of the client spans (default: %(default)s)",
     )
     asyncio.run(_amain(parser.parse_args(argv)))
 

@@ -402,25 +402,54 @@ def serve_in_thread(
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="Tiny real LLM server (OpenAI-compatible /v1/completions)"
+        description="Tiny real LLM server (OpenAI-compatible /v1/completions). Each setting: "
+        "this flag, else its TINY_LLM_* environment variable (TINY_LLM_MAX_BATCH_SIZE), else "
+        "the default."
     )
     parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (default 8000)")
-    parser.add_argument("--max-batch-size", type=int, default=None)
-    parser.add_argument("--max-tokens-per-step", type=int, default=None)
+    parser.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=None,
+        help=f"most sequences running at once (default {ServerConfig.max_batch_size})",
+    )
+    parser.add_argument(
+        "--max-tokens-per-step",
+        type=int,
+        default=None,
+        help="token budget of one engine step: a decoding sequence costs 1, a prefill its "
+        f"(chunk of) prompt tokens (default {ServerConfig.max_tokens_per_step})",
+    )
     parser.add_argument(
         "--chunk-size", type=int, default=None, help="prefill chunk size (default: unchunked)"
     )
-    parser.add_argument("--batch-delay-ms", type=float, default=None)
+    parser.add_argument(
+        "--batch-delay-ms",
+        type=float,
+        default=None,
+        help="hold a waiting request up to this long so more can join its batch "
+        f"(default {ServerConfig.batch_delay_ms}: no wait)",
+    )
     parser.add_argument(
         "--no-prefill-interrupt",
         action="store_true",
         help="do not admit new prefills while sequences decode (smooth streams, longer queue_wait)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help=f"seed of the model's random weights (default {ServerConfig.seed})",
+    )
     parser.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
-    parser.add_argument("--tokenizer", choices=["bpe", "byte"], default=None)
+    parser.add_argument(
+        "--tokenizer",
+        choices=["bpe", "byte"],
+        default=None,
+        help=f"bpe: trained at start-up; byte: one token a byte (default {ServerConfig.tokenizer})",
+    )
     parser.add_argument(
         "--otlp-endpoint", default=None, help="trace with tokentrace to this OTLP/HTTP endpoint"
     )
@@ -430,7 +459,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--lazy-load", action="store_true", help="load the weights on the first request"
     )
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-level", default="info", help="uvicorn's log level (default info)")
     return parser.parse_args(argv)
 
 
