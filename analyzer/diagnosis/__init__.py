@@ -59,6 +59,14 @@ _SUBSUMED_BY = {
     tiny_prompts.COMPLAINT: (peak_hours.COMPLAINT, bad_in_production.COMPLAINT, gpu_saturation.COMPLAINT)
 }
 _SUBSUMED_FACTOR = 0.6
+#: A server saturated throughout (peak_hours without quiet slices) is the symptom when one
+#: of these names why the queue never empties: the GPU or the KV cache is the bottleneck,
+#: one heavy tenant's work is what the rest wait behind.  Those lead; the saturation
+#: stays visible below them.  (batch_mode_breaks_live: see `_one_story_per_queue`.)
+_SATURATION_EXPLAINED_BY = (gpu_saturation.COMPLAINT, kv_cache.COMPLAINT, big_tenants.COMPLAINT)
+#: Share of bad_in_production's high-load requests that peak_hours' busy slices also name,
+#: from which the two are one story (see `_one_story_per_queue`).
+_SAME_REQUESTS = 0.5
 
 
 def diagnose(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> list[dict[str, Any]]:
@@ -76,10 +84,52 @@ def diagnose(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None) ->
             continue
         if finding is not None:
             found.append(finding)
+    found = _one_story_per_queue(found)
     names = {f.complaint for f in found}
     for f in found:
         if any(other in names for other in _SUBSUMED_BY.get(f.complaint, ())):
             f.confidence = round(f.confidence * _SUBSUMED_FACTOR, 3)
+        if f.basis == "saturated" and any(other in names for other in _SATURATION_EXPLAINED_BY):
+            f.confidence = round(f.confidence * _SUBSUMED_FACTOR, 3)
     found.sort(key=lambda f: f.score, reverse=True)
     pick_examples(found)
     return [f.as_dict() for f in found]
+
+
+def _one_story_per_queue(found: list[Finding]) -> list[Finding]:
+    """Drops the second telling of one queue.  DESIGN.md §5 gives `peak_hours` the time
+    story (busy slices against the rest) and `bad_in_production` the environment story,
+    with low against high concurrency standing in where the traces carry no usable
+    environments.  Both stand-ins read the same slices of one window, so:
+
+    - `bad_in_production` by load adds nothing when the requests it names are mostly
+      the ones peak_hours' busy slices name: the same queue under the same load, with
+      the same example traces.  peak_hours says more (when, how many more arrivals), and
+      its fix already says to cap concurrency, so bad_in_production is skipped;
+    - a `peak_hours` found without quiet slices (saturated throughout) is the same queue
+      bad_in_production shows when it compares environments: production saturated,
+      the other environment not.  That comparison is the better evidence (it says
+      where), so the saturated finding is skipped;
+    - the same for `batch_mode_breaks_live`: live requests that always wait while batch
+      jobs share the engine wait for batching by design, and "add capacity" would be
+      the wrong fix for it.
+    """
+    by = {f.complaint: f for f in found}
+    peak, prod = by.get(peak_hours.COMPLAINT), by.get(bad_in_production.COMPLAINT)
+    drop: list[Finding] = []
+    if peak is not None and prod is not None:
+        if prod.basis == "load" and _named_also(prod, peak) >= _SAME_REQUESTS:
+            drop.append(prod)
+        if peak.basis == "saturated" and prod.basis == "environment":
+            drop.append(peak)
+    if peak is not None and peak.basis == "saturated" and batch_mode.COMPLAINT in by:
+        drop.append(peak)
+    return [f for f in found if not any(f is d for d in drop)]
+
+
+def _named_also(f: Finding, other: Finding) -> float:
+    """Gives the share of `f`'s affected requests that `other` names too."""
+    if not f.affected_trace_ids:
+        return 0.0
+    theirs = set(other.affected_trace_ids)
+    return sum(1 for t in f.affected_trace_ids if t in theirs) / len(f.affected_trace_ids)

@@ -71,6 +71,10 @@ class Finding:
     example_traces: list[str] = field(default_factory=list)
     #: the fix for the cause the signal saw (a sentence), said before the complaint's generic fix
     fix_lead: str | None = None
+    #: which comparison the finding rests on, where a signal has more than one (peak_hours:
+    #: "contrast" or "saturated"; bad_in_production: "environment" or "load"): `diagnose`
+    #: uses it to tell one queue's story once.  Not part of the report.
+    basis: str | None = None
 
     @property
     def score(self) -> float:
@@ -137,6 +141,17 @@ def ms(x: float | None) -> str:
     if x is None:
         return "—"
     return f"{x / 1000:.2f} s" if abs(round(x)) >= 1000 else f"{x:.0f} ms"
+
+
+def duration(seconds: float) -> str:
+    """Gives a stretch of time for evidence text, in the unit a reader would say it in:
+    '45 s', '12 min', '3.5 h' (windows and parts of them, not request latencies: see `ms`)."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 120 * 60:
+        return f"{seconds / 60:.0f} min"
+    hours = seconds / 3600
+    return f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.1f} days"
 
 
 def ev(text: str, **numbers: Any) -> dict[str, Any]:

@@ -18,6 +18,8 @@ MIN_PER_SIDE = 20
 MIN_E2E_RATIO = 1.3
 MIN_QUEUE_SHARE_GAIN = 0.15
 MIN_PROD_QUEUE_SHARE = 0.25
+#: environments named in the evidence at most
+MAX_NAMED = 4
 
 
 def _is_prod(env: str) -> bool:
@@ -26,12 +28,31 @@ def _is_prod(env: str) -> bool:
 
 
 def detect(ctx: Context) -> Finding | None:
-    envs = [r for r in ctx.query("diag_environments") if r["n"] >= MIN_PER_SIDE]
+    seen = ctx.query("diag_environments")
+    envs = [r for r in seen if r["n"] >= MIN_PER_SIDE]
     prod = [r for r in envs if _is_prod(r["environment"])]
     others = [r for r in envs if not _is_prod(r["environment"])]
     if prod and others:
         return _by_environment(ctx, prod[0], min(others, key=lambda r: r["e2e_p50"]))
-    return _by_load(ctx)
+    return _by_load(ctx, seen)
+
+
+def _why_load(seen: list[dict[str, Any]]) -> str:
+    """Says why load levels stand in for environments, true to what the traces carry."""
+    names = [str(r["environment"]) for r in seen]
+    shown = ", ".join(names[:MAX_NAMED]) + (f" and {len(names) - MAX_NAMED} more" if len(names) > MAX_NAMED else "")
+    if not names:
+        why = "no deployment.environment on the traces"
+    elif len(names) == 1:
+        why = f"only one environment ({names[0]}) on the traces"
+    elif not any(_is_prod(n) for n in names):
+        why = f"no production among the traces' environments ({shown})"
+    elif all(_is_prod(n) for n in names):
+        why = f"only production environments on the traces ({shown})"
+    else:
+        counts = ", ".join(f"{r['environment']}: {r['n']}" for r in seen[:MAX_NAMED])
+        why = f"too few requests on one side to compare environments ({counts}; {MIN_PER_SIDE} needed)"
+    return f"{why}, so load levels stand in for local vs production"
 
 
 def _by_environment(ctx: Context, prod: dict[str, Any], base: dict[str, Any]) -> Finding | None:
@@ -68,10 +89,11 @@ def _by_environment(ctx: Context, prod: dict[str, Any], base: dict[str, Any]) ->
         evidence=evidence,
         affected_trace_ids=affected,
         example_traces=examples,
+        basis="environment",
     )
 
 
-def _by_load(ctx: Context) -> Finding | None:
+def _by_load(ctx: Context, seen: list[dict[str, Any]]) -> Finding | None:
     rows = {r["load"]: r for r in ctx.query("diag_concurrency", [ctx.slice_ns] * 3)}
     high, low = rows.get("high"), rows.get("low")
     if not high or not low or high["n"] < MIN_PER_SIDE or low["n"] < MIN_PER_SIDE:
@@ -88,12 +110,13 @@ def _by_load(ctx: Context) -> Finding | None:
             queue_share=qh, baseline_queue_share=ql,
         ),
         ev(
-            f"E2E p50 {ms(high['e2e_p50'])} vs {ms(low['e2e_p50'])}; no deployment.environment on "
-            "the traces, so load levels stand in for local vs production",
+            f"E2E p50 {ms(high['e2e_p50'])} vs {ms(low['e2e_p50'])}; {_why_load(seen)}",
             e2e_p50_ms=high["e2e_p50"], baseline_e2e_p50_ms=low["e2e_p50"],
+            environments=[r["environment"] for r in seen],
         ),
     ]
-    affected, examples = ctx.traces(ctx.query("affected_window", [0.5]))
+    # the requests the comparison speaks of: the high-load slices' queued ones
+    affected, examples = ctx.traces(ctx.query("affected_load", [ctx.slice_ns] * 3 + [0.5]))
     strength = (qh - ql - MIN_QUEUE_SHARE_GAIN) / 0.15 + (ratio - MIN_E2E_RATIO) / 1.5
     # weaker than an environment comparison: load and time-of-day overlap (peak_hours)
     return Finding(
@@ -103,4 +126,5 @@ def _by_load(ctx: Context) -> Finding | None:
         evidence=evidence,
         affected_trace_ids=affected,
         example_traces=examples,
+        basis="load",
     )

@@ -1,8 +1,21 @@
-"""`peak_hours`: in the busiest time slices the queue takes over (more work than capacity)."""
+"""`peak_hours`: the system accepts more work than it can serve, and the queue dominates.
+
+Two shapes of it (DESIGN.md §5):
+
+- **a peak**: in the busiest time slices the queue takes over, against quieter slices
+  of the same window (the contrast: "latency explodes at peak hours");
+- **saturated throughout**: the queue dominates E2E in (nearly) every slice, so there
+  is no quiet slice to contrast with — an overloaded server, a load test above
+  capacity, a closed-loop client holding more requests in flight than the server
+  serves.  Without this, such a window would get no load finding at all unless GPU
+  samples showed `gpu_saturation`, and a minor finding would lead the report.
+"""
 
 from __future__ import annotations
 
-from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms, pct
+from typing import Any
+
+from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, duration, ev, ms, pct
 
 COMPLAINT = "peak_hours"
 MIN_SLICES = 10
@@ -16,6 +29,17 @@ MIN_E2E_RATIO = 1.5
 #: tenant interference: big_tenants_slower explains it, not the time of day
 BURST_TENANT_SHARE = 0.4
 BURST_SHARE_RATIO = 3.0
+#: saturated throughout: queue wait is at least this share of the window's E2E and of the
+#: median request's E2E (the queue dominates, for most requests and not one tenant's) ...
+SATURATED_QUEUE_SHARE = 0.5
+#: ... in at least this share of its slices queue wait is MIN_BUSY_QUEUE_SHARE of E2E or
+#: more (the bar the busy slices of a peak must reach), which leaves room for a backlog
+#: that starts empty and builds up, or drains now and then near capacity ...
+MIN_SATURATED_SLICE_FRACTION = 2 / 3
+#: ... and the median request waits long enough for a person to notice
+MIN_SATURATED_WAIT_MS = 250.0
+#: the median wait of the last fifth of arrivals over the first fifth that says the backlog grows
+GROWING_WAIT_RATIO = 1.5
 
 
 def busiest_slices(ctx: Context) -> tuple[dict[bool, dict], str | None]:
@@ -27,7 +51,11 @@ def busiest_slices(ctx: Context) -> tuple[dict[bool, dict], str | None]:
 
 
 def detect(ctx: Context) -> Finding | None:
-    slices, _ = busiest_slices(ctx)
+    slices, cls = busiest_slices(ctx)
+    return _peak(ctx, slices) or _saturated(ctx, cls)
+
+
+def _peak(ctx: Context, slices: dict[bool, dict]) -> Finding | None:
     busy_s, rest_s = slices.get(True), slices.get(False)
     if not busy_s or not rest_s or busy_s["slices"] + rest_s["slices"] < MIN_SLICES:
         return None
@@ -46,12 +74,19 @@ def detect(ctx: Context) -> Finding | None:
     if _one_tenants_burst(ctx, busy_ids):
         return None
     label = ctx.slice_label()
+    slice_s = ctx.slice_ns / 1e9
+    lo, hi = ctx.time_bounds
+    window_s = (hi - lo) / 1e9
+    # the title says "peak hours": say how long this window's peak is, so a window of
+    # minutes does not read as if it held busy hours
     evidence = [
         ev(
             f"queue is {pct(qb)} of E2E for requests arriving in the busiest 10 % of {label} "
-            f"vs {pct(qr)} otherwise",
-            busy_queue_share=qb, baseline_queue_share=qr, slice_seconds=ctx.slice_ns / 1e9,
+            f"({busy_s['slices']} slices: {duration(busy_s['slices'] * slice_s)} of this "
+            f"{duration(window_s)} window) vs {pct(qr)} otherwise",
+            busy_queue_share=qb, baseline_queue_share=qr, slice_seconds=slice_s,
             busy_slices=busy_s["slices"], slices=busy_s["slices"] + rest_s["slices"],
+            peak_seconds=busy_s["slices"] * slice_s, window_seconds=window_s,
         ),
         ev(
             f"those slices get {arrival_ratio:.1f}× the arrivals ({busy_s['arrivals_mean']:.1f} vs "
@@ -76,6 +111,87 @@ def detect(ctx: Context) -> Finding | None:
             "before them, or refuse the excess early (a concurrency limit answering 429) instead of "
             "queueing it"
         ),
+        basis="contrast",
+    )
+
+
+def _saturated(ctx: Context, cls: str | None) -> Finding | None:
+    """The queue dominates (nearly) every slice: more work than capacity all the time,
+    and no quiet slices for a contrast."""
+    bar = MIN_BUSY_QUEUE_SHARE
+    s = ctx.one("diag_saturation", [cls, cls, ctx.slice_ns, bar, bar, bar])
+    slices, dominated = int(s.get("slices") or 0), int(s.get("dominated") or 0)
+    if slices < MIN_SLICES:
+        return None
+    share, request_share = float(s["queue_share"] or 0.0), float(s["request_share_p50"] or 0.0)
+    covered = dominated / slices
+    wait_p50 = float(s["queue_wait_p50"] or 0.0)
+    if (
+        share < SATURATED_QUEUE_SHARE
+        or request_share < SATURATED_QUEUE_SHARE
+        or covered < MIN_SATURATED_SLICE_FRACTION
+        or wait_p50 < MIN_SATURATED_WAIT_MS
+    ):
+        return None
+    label = ctx.slice_label()
+    slice_s = ctx.slice_ns / 1e9
+    median = f"median slice {pct(s['slice_share_p50'])}"
+    if dominated == slices:
+        where = f"every one of the window's {slices} {label} ({median})"
+        when = "all the time, with no quiet slices to compare the busy ones with"
+    else:
+        where = f"{dominated} of the window's {slices} {label} ({median})"
+        tail = int(s["tail_slices"] or 0)
+        if tail * 3 >= slices:
+            where += f", every one from {duration(int(s['tail_from_slices'] or 0) * slice_s)} on"
+        when = "most of the time, not only in its busiest slices"
+    span = max(float(s["span_ms"] or 0.0), 1e-9)
+    waiting = float(s["queue_wait_total"] or 0.0) / span
+    served = float(s["compute_total"] or 0.0) / span
+    evidence = [
+        ev(
+            f"queue wait is {pct(share)} of E2E, and at least {pct(bar)} in {where}: "
+            f"the server accepts more work than it serves {when}",
+            queue_share=share, request_queue_share_p50=request_share, slices=slices,
+            queue_dominated_slices=dominated, slice_seconds=slice_s,
+            slice_queue_share_p50=s["slice_share_p50"],
+        ),
+        ev(
+            f"on average {waiting:.1f} requests wait in the queue while {served:.1f} are being "
+            f"served (Little's law); queue wait p50 {ms(wait_p50)}, p95 {ms(s['queue_wait_p95'])} "
+            f"against prefill + decode p50 {ms(s['compute_p50'])}; E2E p95 {ms(s['e2e_p95'])}",
+            queue_length_mean=waiting, in_service_mean=served, queue_wait_p50_ms=wait_p50,
+            queue_wait_p95_ms=s["queue_wait_p95"], compute_p50_ms=s["compute_p50"],
+            e2e_p95_ms=s["e2e_p95"],
+        ),
+    ]
+    first, last = float(s["first_wait_p50"] or 0.0), float(s["last_wait_p50"] or 0.0)
+    evidence.append(_trend(first, last))
+    affected, examples = ctx.traces(ctx.query("affected_window", [SATURATED_QUEUE_SHARE]))
+    # strength: how far the queue is past dominating, overall, for the median request and
+    # across slices, and how far the wait outgrows the compute it waits for
+    compute = max(float(s["compute_p50"] or 0.0), 1e-9)
+    strength = (
+        (share - SATURATED_QUEUE_SHARE) / 0.1
+        + (request_share - SATURATED_QUEUE_SHARE) / 0.1
+        + (covered - MIN_SATURATED_SLICE_FRACTION) / 0.1
+        + max(0.0, wait_p50 / compute - 1.0)
+    )
+    total = max(float(s["e2e_total"] or 0.0), 1e-9)
+    return Finding(
+        COMPLAINT,
+        confidence(strength, int(s["n"] or 0)),
+        # the queue-dominated slices hold the requests it touches: nearly the whole window
+        impact=float(s["dominated_e2e"] or 0.0) / total,
+        evidence=evidence,
+        affected_trace_ids=affected,
+        example_traces=examples,
+        fix_lead=(
+            f"Add capacity: on average {waiting:.1f} requests wait while {served:.1f} are served; "
+            "scale out, or refuse the excess early (a concurrency limit answering 429) instead of "
+            "queueing it"
+        ),
+        basis="saturated",
     )
 
 
@@ -89,3 +205,17 @@ def _one_tenants_burst(ctx: Context, busy_ids: list[int]) -> bool:
         return False
     tenant, share = max(busy.items(), key=lambda kv: kv[1])
     return bool(tenant) and share >= BURST_TENANT_SHARE and share >= BURST_SHARE_RATIO * rest.get(tenant, 0.0)
+
+
+def _trend(first: float, last: float) -> dict[str, Any]:
+    """Says whether the backlog grows (arrivals outpace service), holds, or drains."""
+    numbers = {"first_queue_wait_p50_ms": first, "last_queue_wait_p50_ms": last}
+    head = f"from {ms(first)} for the first fifth of arrivals to {ms(last)} for the last"
+    if last >= GROWING_WAIT_RATIO * max(first, 1e-9):
+        return ev(f"queue wait p50 rises {head}: arrivals outpace service and the backlog grows",
+                  backlog="growing", **numbers)
+    if first >= GROWING_WAIT_RATIO * max(last, 1e-9):
+        return ev(f"queue wait p50 falls {head}: the backlog drains, yet requests still wait "
+                  "longer than they compute", backlog="draining", **numbers)
+    return ev(f"queue wait p50 holds {head}: a steady backlog, the server running at capacity "
+              "with requests always waiting", backlog="steady", **numbers)
