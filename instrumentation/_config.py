@@ -6,6 +6,7 @@ import atexit
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,6 +17,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import DEFAULT_ON
 from opentelemetry.trace import Tracer
 
+from tokentrace.instrumentation import _export
+from tokentrace.instrumentation._export import SHUTDOWN_TIMEOUT_S, GuardedExporter
 from tokentrace.instrumentation._pending_span import PresetIdGenerator
 from tokentrace.instrumentation._safety import log_once
 
@@ -136,16 +139,10 @@ def _base_endpoint(endpoint: str, protocol: str) -> str:
     return base
 
 
-def _make_exporter(settings: Settings) -> SpanExporter:
-    if settings.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
-
-        return Grpc(
-            endpoint=settings.endpoint, insecure=settings.endpoint.startswith("http://"), timeout=5
-        )
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
-
-    return Http(endpoint=f"{settings.endpoint}/v1/traces", timeout=5)
+def _make_exporter(settings: Settings) -> GuardedExporter:
+    """Gives the OTLP span exporter, guarded: a collector that is down or never
+    answers costs dropped spans, never the host's time (see `_export`)."""
+    return _export.otlp_exporter(settings.endpoint, settings.protocol)
 
 
 class HashOnceResource(Resource):
@@ -175,11 +172,14 @@ class Tracing:
         settings: Settings,
         provider: TracerProvider,
         owns_provider: bool,
+        exporter: GuardedExporter | None = None,
     ) -> None:
         self.settings = settings
         self.provider = provider
         self.tracer: Tracer = provider.get_tracer(SCOPE_NAME)
         self._owns_provider = owns_provider
+        #: the guarded OTLP exporter, when the SDK made it (not a host's `exporter=`)
+        self.exporter = exporter
         #: set once `shutdown()` ran (or `configure()` replaced it): what is
         #: still in flight moves to the configuration current then, if any
         self.closed = False
@@ -194,14 +194,37 @@ class Tracing:
             self.pending_ids = ids
 
     def force_flush(self, timeout_ms: int = 10_000) -> bool:
-        """Emits buffered engine steps / timings, then flushes spans; gives success."""
-        _run_flush_hooks()
-        return bool(self.provider.force_flush(timeout_ms))
+        """Emits buffered engine steps / timings, then flushes spans; gives success.
 
-    def shutdown(self) -> None:
+        Returns within about `timeout_ms` (OpenTelemetry's batch processor ignores
+        it): False when the flush did not end by then (it goes on in the
+        background) or spans were dropped, the collector being unreachable.
+        """
+        deadline = time.monotonic() + max(0, timeout_ms) / 1000
+        exporter = self.exporter
+        dropped = exporter.dropped if exporter is not None else 0
+        _run_flush_hooks()
+        left = max(0.0, deadline - time.monotonic())
+        finished, ok = _export.run_bounded(
+            lambda: self.provider.force_flush(int(left * 1000)), left, "flush"
+        )
+        return bool(finished and ok) and (exporter is None or exporter.dropped == dropped)
+
+    def shutdown(self, timeout_ms: int | None = None) -> bool:
+        """Ends the provider (when the SDK made it): what is queued is exported for
+        `timeout_ms` at most (default `SHUTDOWN_TIMEOUT_S`), then dropped; gives
+        whether it ended in time.  Never waits on the collector longer than that."""
         self.closed = True
-        if self._owns_provider:
-            self.provider.shutdown()
+        if not self._owns_provider:
+            return True
+        timeout_s = SHUTDOWN_TIMEOUT_S if timeout_ms is None else max(0, timeout_ms) / 1000
+        exporter = self.exporter
+        if exporter is not None:
+            exporter.begin_shutdown(time.monotonic() + timeout_s)
+        finished, _ = _export.run_bounded(self.provider.shutdown, timeout_s, "shutdown")
+        if not finished and exporter is not None:
+            exporter.abort()  # its export under way ends at its retry wait; the rest is dropped
+        return finished
 
 
 _lock = threading.Lock()
@@ -242,7 +265,8 @@ def configure(
 
     Pass `tracer_provider` to reuse the host's own OpenTelemetry set-up, or
     `exporter` to export somewhere else (tests use an in-memory exporter).
-    Calling it again replaces the previous configuration (which is shut down).
+    Calling it again replaces the previous configuration, which is shut down on a
+    background thread (its last spans still leave; `shutdown()` and exit wait for it).
     `cold_start_requests` (default 1) requests after process start, or after
     `cold_start_idle_s` (default 300) idle seconds, are marked cold starts.
     """
@@ -263,39 +287,49 @@ def configure(
         cold_start_idle_s,
     )
     owns = tracer_provider is None
+    guarded: GuardedExporter | None = None
     if tracer_provider is None:
         attrs: dict[str, Any] = {"service.name": settings.service_name, "process.pid": os.getpid()}
         attrs.update(resource_attributes or {})
+        # no atexit shutdown of its own: OpenTelemetry's waits up to 30 s and more on
+        # a dead collector; `_at_exit` ends it within SHUTDOWN_TIMEOUT_S
         tracer_provider = TracerProvider(
-            resource=HashOnceResource(Resource.create(attrs)), id_generator=PresetIdGenerator()
+            resource=HashOnceResource(Resource.create(attrs)),
+            id_generator=PresetIdGenerator(),
+            shutdown_on_exit=False,
         )
         if not settings.disabled:
             # Bounded queue, export on a daemon thread: the host never waits on
             # the collector, and a dead collector costs dropped spans, not latency.
+            if exporter is None:
+                exporter = guarded = _make_exporter(settings)
             tracer_provider.add_span_processor(
                 BatchSpanProcessor(
-                    exporter or _make_exporter(settings),
+                    exporter,
                     max_queue_size=8192,
                     schedule_delay_millis=500,
                     max_export_batch_size=512,
                 )
             )
     _warn_if_lists_get_cut(tracer_provider)
-    tracing = Tracing(settings, tracer_provider, owns_provider=owns)
+    tracing = Tracing(settings, tracer_provider, owns_provider=owns, exporter=guarded)
     if owns:
         tracing.configured_with = arguments
     # At exit, what waits in the SDK's queues (finished requests, engine steps)
-    # must become spans before the provider's own atexit shutdown exports the
+    # must become spans before a host provider's own atexit shutdown exports the
     # last batch: atexit runs last-registered first, so move ours after it.
-    atexit.unregister(_run_flush_hooks)
-    atexit.register(_run_flush_hooks)
+    atexit.unregister(_at_exit)
+    atexit.register(_at_exit)
     if _tracing is not None:
         _run_flush_hooks()  # pending data belongs to the old configuration
     with _lock:
         previous, _tracing = _tracing, tracing
         _shut_down = _disabled = _forked_from = None
     if previous is not None:
-        previous.shutdown()
+        # off the caller's thread: a dead collector must not hold up configure();
+        # tt.shutdown() and exit give it the time left to send its last spans
+        previous.closed = True
+        _export.shutdown_in_background(previous.shutdown, "replaced-shutdown")
     return tracing
 
 
@@ -326,28 +360,36 @@ def get_tracing() -> Tracing:
     After `shutdown()` (until `configure()` is called again) it gives a
     configuration that exports nothing, and says so once in the log: a
     request that ends while the host shuts down must not start an exporter
-    to the default endpoint.
+    to the default endpoint.  Threads whose first requests come at once
+    configure it once: the others wait for that one (no provider is made and
+    shut down again on a request's thread).
     """
     tracing = _tracing
-    if tracing is None:
-        with _lock:
-            tracing = _tracing
-        if tracing is None:
-            forked_from = _forked_from
-            if forked_from is not None:  # a forked child: the parent's configuration, its own resource
-                return configure(**forked_from)
-            if _disabled is not None:
-                return _disabled
-            if _shut_down is not None:
-                return _disabled_tracing(
-                    "used after tt.shutdown(): spans, engine steps and samples from here on are "
-                    "not exported (call tt.configure() to start again)"
-                )
-            try:
-                tracing = configure()
-            except ValueError as exc:  # the environment's mistake must not fail a request
-                return _disabled_tracing(f"not configured, nothing is exported: {exc}")
-    return tracing
+    if tracing is not None:
+        return tracing
+    with _lazy_lock:
+        tracing = _tracing
+        if tracing is not None:
+            return tracing
+        forked_from = _forked_from
+        if forked_from is not None:  # a forked child: the parent's configuration, its own resource
+            return configure(**forked_from)
+        if _disabled is not None:
+            return _disabled
+        if _shut_down is not None:
+            return _disabled_tracing(
+                "used after tt.shutdown(): spans, engine steps and samples from here on are "
+                "not exported (call tt.configure() to start again)"
+            )
+        try:
+            return configure()
+        except ValueError as exc:  # the environment's mistake must not fail a request
+            return _disabled_tracing(f"not configured, nothing is exported: {exc}")
+
+
+#: held while the first use configures the SDK from the environment (re-entrant:
+#: configure() logs, and a host's log handler may be instrumented)
+_lazy_lock = threading.RLock()
 
 
 #: the settings of the configuration `shutdown()` ended, until `configure()` is called again
@@ -370,7 +412,8 @@ def _disabled_tracing(why: str) -> Tracing:
                 record_content=False,
                 disabled=True,
             )
-            provider = TracerProvider(id_generator=PresetIdGenerator())  # no processor: no export
+            # no processor: no export (and nothing to end at exit)
+            provider = TracerProvider(id_generator=PresetIdGenerator(), shutdown_on_exit=False)
             disabled = Tracing(replace(settings, disabled=True), provider, owns_provider=True)
             _disabled = disabled
     log_once(why)
@@ -388,8 +431,10 @@ def _after_fork_in_child() -> None:
     are cold starts.  Kept as the parent's, every worker's spans and engine
     steps would read as one instance's.  A provider the host passed in is the
     host's to remake."""
-    global _tracing, _forked_from, _lock
+    global _tracing, _forked_from, _lock, _lazy_lock
     _lock = threading.Lock()  # another thread may have held it at the fork
+    _lazy_lock = threading.RLock()
+    _export.after_fork_in_child()
     tracing = _tracing
     if tracing is None or tracing.configured_with is None:
         return
@@ -405,9 +450,12 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def shutdown() -> None:
     """Flushes and stops the exporter; safe to call twice.
 
-    Until `configure()` is called again, what the SDK records is not exported.
+    Returns within `SHUTDOWN_TIMEOUT_S` (5 s) plus the flush hooks, collector
+    down or not: what is not sent by then is dropped.  Until `configure()` is
+    called again, what the SDK records is not exported.
     """
     global _tracing, _shut_down, _disabled
+    deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
     if _tracing is not None:
         _run_flush_hooks()
     with _lock:
@@ -415,7 +463,21 @@ def shutdown() -> None:
         if tracing is not None:
             _shut_down, _disabled = tracing.settings, None
     if tracing is not None:
-        try:
-            tracing.force_flush(5_000)
-        finally:
-            tracing.shutdown()
+        left_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+        if tracing._owns_provider:
+            tracing.shutdown(left_ms)  # its processor exports what is queued, then stops
+        else:
+            try:
+                tracing.force_flush(left_ms)
+            finally:
+                tracing.shutdown()
+    # configurations replaced by configure() end in the background: give them the time left
+    _export.wait_for_background(deadline)
+
+
+def _at_exit() -> None:
+    """At interpreter exit: what waits becomes spans, and leaves within `SHUTDOWN_TIMEOUT_S`."""
+    try:
+        shutdown()
+    except Exception as exc:  # the SDK's own failure must never reach the host
+        log_once("shutdown at exit", exc)

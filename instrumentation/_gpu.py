@@ -4,7 +4,9 @@ Only cheap NVML calls are made (utilization, memory, SM clock, power); never
 process lists.  Samples go to a bounded ring (for request GPU summaries) and a
 bounded export queue; a second daemon thread ships the queue to the collector
 every second as OTLP gauges, one data point per sample, each with its own
-timestamp.  A failed export drops that batch (no retries: the host never waits).
+timestamp.  A failed export drops that batch (no retries: the host never waits),
+and exports pause for a while after it; with the SDK disabled or shut down
+nothing is sent.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, NamedTuple, Protocol
 
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._config import add_flush_hook, get_tracing, logger
+from tokentrace.instrumentation._export import Breaker
 from tokentrace.instrumentation._safety import log_once
 
 DEFAULT_INTERVAL_S = 0.1
@@ -160,6 +163,11 @@ class GpuSampler:
         self.samples_taken = 0
         self.samples_exported = 0
         self.export_failures = 0
+        #: samples not sent: the SDK disabled or shut down, or the collector unreachable
+        self.samples_dropped = 0
+        #: after a failed export, exports pause (doubling up to 30 s) instead of
+        #: waiting EXPORT_TIMEOUT_S on a dead collector every second
+        self._breaker = Breaker()
 
     @property
     def running(self) -> bool:
@@ -207,7 +215,12 @@ class GpuSampler:
         self.export_now()
 
     def export_now(self) -> int:
-        """Ships the queued samples to the collector once (no retry); gives how many went."""
+        """Ships the queued samples to the collector once (no retry); gives how many went.
+
+        Nothing is sent when the SDK is disabled or was shut down, nor for a while
+        after a failed export (the samples of then are dropped, counted in
+        `samples_dropped`): a collector that is down costs no time here.
+        """
         batch: list[GpuSample] = []
         while self._outbox:
             batch.append(self._outbox.popleft())
@@ -215,13 +228,22 @@ class GpuSampler:
             return 0
         try:
             tracing = get_tracing()
+            if tracing.settings.disabled or tracing.closed:
+                self.samples_dropped += len(batch)
+                return 0
+            if not self._breaker.allow():
+                self.samples_dropped += len(batch)
+                return 0
             resource = dict(getattr(tracing.provider, "resource", None).attributes or {})  # type: ignore[union-attr]
             body = samples_to_otlp(batch, resource)
             _send(tracing.settings.endpoint, tracing.settings.protocol, body)
         except Exception as exc:
             self.export_failures += 1
+            self.samples_dropped += len(batch)
+            self._breaker.failed()
             log_once("GPU metrics export", exc)
             return 0
+        self._breaker.succeeded()
         self.samples_exported += len(batch)
         return len(batch)
 
