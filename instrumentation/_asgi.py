@@ -29,6 +29,8 @@ _GUARD = "_tokentrace_instrumented"
 #: Scope key naming the request an outer TokentraceMiddleware opened: a mounted sub-app
 #: instrumented too passes the request through instead of opening a second span for it.
 SCOPE_KEY = "tokentrace.request"
+#: Scope key for the exception an inner (pass-through) middleware saw leave the app.
+ERROR_KEY = "tokentrace.error"
 
 
 def request_from_headers(
@@ -97,10 +99,19 @@ class TokentraceMiddleware:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http" or SCOPE_KEY in scope or self._excluded(scope):
-            # websockets and lifespan pass untouched; so does a request an outer
-            # middleware traces already (a sub-app instrumented as well as its parent)
-            await self.app(scope, receive, send)
+        if scope.get("type") != "http" or self._excluded(scope):
+            await self.app(scope, receive, send)  # websockets and lifespan pass untouched
+            return
+        if SCOPE_KEY in scope:
+            # a request an outer middleware traces already: `instrument_fastapi`'s own,
+            # around Starlette's error handling, or a parent app's (a sub-app
+            # instrumented as well).  An exception is noted for it here, before
+            # Starlette's error handler answers for it (and then raises it again).
+            try:
+                await self.app(scope, receive, send)
+            except Exception as exc:
+                scope.setdefault(ERROR_KEY, exc)
+                raise
             return
         try:
             headers = [
@@ -121,44 +132,108 @@ class TokentraceMiddleware:
             await self.app(scope, receive, send)
             return
         status: list[int] = []
+        #: [the request finished, the client went away before the answer's end]
+        state = [False, False]
 
-        async def send_wrapper(message: Message) -> None:
-            if message.get("type") == "http.response.start":
-                status.append(int(message.get("status", 0)))
-            await send(message)
-
-        token = _current.set(req)
-        error: BaseException | None = None
-        try:
-            await self.app(scope, receive, send_wrapper)
-        except BaseException as exc:
-            error = exc
-            raise  # unchanged
-        finally:
-            _current.reset(token)
+        def end(error: BaseException | None) -> None:
+            if state[0]:
+                return  # ended at the answer's last byte (a background task ran after it)
+            state[0] = True
+            if error is None and status and status[0] >= 500:
+                # the exception an inner layer saw, answered by Starlette's error handler
+                # (a 500, or what a handler for `Exception` sends); one answered below
+                # 500 was handled further out (a parent app's handler for a sub-app's)
+                error = scope.get(ERROR_KEY)
             try:
                 route = _route_of(scope, app_root_path)
                 if route:
                     req.set_attribute(semconv.ROUTE, route)
-                if not status and isinstance(error, Exception):
-                    # the exception left before any answer: the server (Starlette's
-                    # ServerErrorMiddleware, outside this one, or uvicorn) answers 500.
-                    # A cancellation (BaseException) is no answer at all.
+                if state[1] or (error is not None and _is_disconnect(error)):
+                    # the client left: no server error (the exception still goes on)
+                    req.set_attribute(semconv.REQUEST_DISCONNECTED, True)
+                    error = None
+                elif not status and isinstance(error, Exception):
+                    # the exception left before any answer: the server (uvicorn, or
+                    # Starlette's ServerErrorMiddleware where ours was added inside it
+                    # with `add_middleware`) answers 500.  A cancellation
+                    # (BaseException) is no answer at all.
                     status.append(500)
                 if status:
                     req.set_attribute(semconv.HTTP_STATUS, status[0])
-                    if status[0] >= 500 and error is None:
+                    if status[0] >= 500 and error is None and not state[1]:
                         req.record_error(HttpStatusError(f"HTTP {status[0]}"))
             except Exception as exc:
                 log_once("ASGI request attributes", exc)
             req.finish(error)
 
+        async def receive_wrapper() -> Message:
+            message = await receive()
+            if message.get("type") == "http.disconnect" and not state[0]:
+                state[1] = True  # before the answer's end: the client went away
+            return message
+
+        async def send_wrapper(message: Message) -> None:
+            kind = message.get("type")
+            if kind == "http.response.body":
+                if message.get("more_body", False):
+                    await send(message)  # a streamed chunk: nothing more to do
+                    return
+            elif kind == "http.response.start":
+                status.append(int(message.get("status", 0)))
+            elif kind != "http.response.pathsend":
+                await send(message)
+                return
+            try:
+                await send(message)
+            except OSError:  # the server could not write: the client is gone
+                state[1] = True
+                raise
+            if kind != "http.response.start":
+                # the answer's last byte is sent: the request ends here, not after
+                # what the app still runs (Starlette's background tasks)
+                end(None)
+
+        token = _current.set(req)
+        error: BaseException | None = None
+        try:
+            await self.app(scope, receive_wrapper, send_wrapper)
+        except BaseException as exc:
+            error = exc
+            raise  # unchanged
+        finally:
+            _current.reset(token)
+            end(error)
+
+
+def _is_disconnect(error: BaseException) -> bool:
+    """Whether `error` says the client went away (Starlette's `ClientDisconnect`, raised
+    when the server cannot write or the body cannot be read any more)."""
+    return any(cls.__name__ == "ClientDisconnect" for cls in type(error).__mro__)
+
 
 def instrument_fastapi(app: Any, **middleware_kwargs: Any) -> Any:
-    """Adds `TokentraceMiddleware` to a FastAPI / Starlette app (before it starts); gives the app."""
+    """Adds `TokentraceMiddleware` to a FastAPI / Starlette app (before it starts); gives the app.
+
+    It is listed in `app.user_middleware` as `add_middleware` lists it, and the
+    one that traces goes around the whole stack, Starlette's `ServerErrorMiddleware`
+    included (the listed one then passes the request through), so that the
+    status recorded is the one sent: what an exception handler for `Exception`
+    / 500 answers (a 503), or the 500 Starlette sends.
+    """
     if getattr(app, _GUARD, False):
         return app
     app.add_middleware(TokentraceMiddleware, **middleware_kwargs)
+    build = getattr(app, "build_middleware_stack", None)
+    if callable(build):
+
+        def build_middleware_stack() -> ASGIApp:
+            return TokentraceMiddleware(build(), **middleware_kwargs)
+
+        build_middleware_stack._tokentrace_wraps = build  # type: ignore[attr-defined]
+        try:
+            app.build_middleware_stack = build_middleware_stack
+        except Exception as exc:  # an app that refuses it: the listed middleware traces
+            log_once("instrument_fastapi outermost middleware", exc)
     setattr(app, _GUARD, True)
     return app
 
@@ -167,6 +242,8 @@ def uninstrument_fastapi(app: Any) -> Any:
     """Removes the middleware added by `instrument_fastapi`; gives the app."""
     if not getattr(app, _GUARD, False):
         return app
+    if hasattr(vars(app).get("build_middleware_stack"), "_tokentrace_wraps"):
+        del app.build_middleware_stack
     app.user_middleware = [m for m in app.user_middleware if m.cls is not TokentraceMiddleware]
     app.middleware_stack = None  # rebuilt on the next request
     setattr(app, _GUARD, False)

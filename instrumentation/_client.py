@@ -6,10 +6,12 @@ network time; its first chunk time is the TTFT the user felt (DESIGN.md §2).
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Mapping
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -113,8 +115,6 @@ class ClientRequest:
 
     # ---- context managers (sync and async) ---------------------------------
     def __enter__(self) -> ClientRequest:
-        from opentelemetry import context as otel_context
-
         self._ctx = otel_context.attach(trace.set_span_in_context(self._span))
         return self
 
@@ -129,14 +129,36 @@ class ClientRequest:
         self.__exit__(exc_type, exc, tb)
 
     def _detach(self) -> None:
-        if self._ctx is not None:
-            from opentelemetry import context as otel_context
-
+        token = self._ctx
+        if token is None:
+            return
+        self._ctx = None
+        if isinstance(token, contextvars.Token):  # OpenTelemetry's default runtime context
             try:
-                otel_context.detach(self._ctx)
-            except Exception as exc:
-                log_once("client context detach", exc)
-            self._ctx = None
+                token.var.reset(token)
+                return
+            except ValueError:
+                # Left in another context: an async generator holding `async with
+                # client_request()` that its consumer abandoned is closed by asyncio's
+                # finalizer in a task of its own, where the token does not apply
+                # (OpenTelemetry's `detach` would log it at ERROR with a traceback).
+                # The span still ends; there, our span stops being current.
+                self._leave_other_context(token)
+                return
+            except RuntimeError:  # used already
+                return
+        try:
+            otel_context.detach(token)  # another runtime context: its own rules
+        except Exception as exc:
+            log_once("client context detach", exc)
+
+    def _leave_other_context(self, token: contextvars.Token[Any]) -> None:
+        try:
+            if trace.get_current_span() is self._span:
+                old = token.old_value
+                token.var.set(otel_context.Context() if old is contextvars.Token.MISSING else old)
+        except Exception as exc:  # the SDK's own failure must never reach the host
+            log_once("client context detach", exc)
 
 
 def client_request(

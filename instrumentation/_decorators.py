@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar, cast
 
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._request import RequestTrace, _current, request
+from tokentrace.instrumentation._safety import log_once
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -87,6 +89,31 @@ def traced_request(name: str = semconv.SPAN_REQUEST, **request_kwargs: Any) -> C
     return decorate
 
 
+def consumer_left(exc: BaseException) -> bool:
+    """Whether `exc` ending a stream is its consumer going away, not a failure: the
+    generator closed (`GeneratorExit`: `aclose()`, a `break`, garbage collection) or
+    the task reading it cancelled (a client disconnect under Starlette / uvicorn)."""
+    if isinstance(exc, GeneratorExit):
+        return True
+    # no import here: a cancellation can only come from an event loop already imported
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is not None and isinstance(exc, asyncio.CancelledError):
+        return True
+    trio = sys.modules.get("trio")
+    return trio is not None and isinstance(exc, getattr(trio, "Cancelled", ()))
+
+
+def _end(req: RequestTrace, error: BaseException | None) -> None:
+    """Finishes a streamed request: its consumer leaving is no error, but is marked."""
+    if error is not None and consumer_left(error):
+        try:
+            req.set_attribute(semconv.REQUEST_DISCONNECTED, True)
+        except Exception as exc:  # the SDK's own failure must never reach the host
+            log_once("stream disconnect attribute", exc)
+        error = None
+    req.finish(error)
+
+
 def _around_generator(func: _F, around: Callable[[], AbstractContextManager[Any]]) -> _F:
     """Gives `func`, a generator or async generator function, run inside `around()`.
 
@@ -128,7 +155,10 @@ def _traced_generator(func: _F, make_request: Callable[[], RequestTrace]) -> _F:
     """Gives `func`, a generator or async generator function, run as one request.
 
     The request starts with the first item asked for and ends with the last
-    (or the close, or the error).  It is `current_request()` while the
+    (or the close, or the error).  The consumer going away (the generator
+    closed early, or the task reading it cancelled: a client disconnect) is
+    no error: the request is marked `semconv.REQUEST_DISCONNECTED` and its status left unset;
+    the exception goes on unchanged.  It is `current_request()` while the
     generator's body runs, each time it runs: a server may advance a stream
     in a context of its own per item (Starlette runs a sync stream's steps in
     a thread pool, each in a copied context), and between items the
@@ -167,7 +197,7 @@ def _traced_generator(func: _F, make_request: Callable[[], RequestTrace]) -> _F:
                     await agen.aclose()
                 finally:
                     _current.reset(token)
-                    req.finish(error)
+                    _end(req, error)
 
         return cast(_F, async_gen_wrapper)
 
@@ -202,6 +232,6 @@ def _traced_generator(func: _F, make_request: Callable[[], RequestTrace]) -> _F:
                 gen.close()
             finally:
                 _current.reset(token)
-                req.finish(error)
+                _end(req, error)
 
     return cast(_F, gen_wrapper)

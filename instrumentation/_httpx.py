@@ -175,6 +175,35 @@ async def _async_send(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> An
     return response
 
 
+def has_wrapper(value: Any, wrapper: Any) -> bool:
+    """Whether `wrapper` is one of the `wrapt` layers of `value` (ours under another's)."""
+    while isinstance(value, wrapt.FunctionWrapper):
+        if getattr(value, "_self_wrapper", None) is wrapper:
+            return True
+        value = value.__wrapped__
+    return False
+
+
+def remove_wrapper(owner: Any, name: str, wrapper: Any) -> bool:
+    """Removes our `wrapt` layer (`wrapper`) from `owner.<name>` (in its own `__dict__`),
+    leaving any other library's layers, above or below it, in place; gives whether one
+    was found.  Taking the top one off blindly would take off whatever was wrapped
+    after us and leave ours on."""
+    current = vars(owner).get(name)
+    if not isinstance(current, wrapt.FunctionWrapper):
+        return False
+    if getattr(current, "_self_wrapper", None) is wrapper:
+        setattr(owner, name, current.__wrapped__)  # ours on top: what it wrapped goes back
+        return True
+    outer, inner = current, current.__wrapped__
+    while isinstance(inner, wrapt.FunctionWrapper):
+        if getattr(inner, "_self_wrapper", None) is wrapper:
+            outer.__wrapped__ = inner.__wrapped__  # ours under another's: spliced out
+            return True
+        outer, inner = inner, inner.__wrapped__
+    return False
+
+
 def _package_of(response: Any) -> str:
     """Gives the httpx-API package `response` comes from: an httpx2 response takes
     httpx2's stream types."""
@@ -206,10 +235,10 @@ def instrument_httpx(client: Any = None) -> Any:
                 wrapt.wrap_function_wrapper(httpx.AsyncClient, "send", _async_send)
             _classes_instrumented = True
         return None
-    if isinstance(client.__dict__.get("send"), wrapt.FunctionWrapper):
+    wrapper = _async_send if inspect.iscoroutinefunction(client.send) else _sync_send
+    if has_wrapper(vars(client).get("send"), wrapper):
         return client  # already instrumented
     # by what `send` is, not by class: httpx2's AsyncClient is no httpx.AsyncClient
-    wrapper = _async_send if inspect.iscoroutinefunction(client.send) else _sync_send
     client.send = wrapt.FunctionWrapper(client.send, wrapper)
     return client
 
@@ -221,12 +250,16 @@ def uninstrument_httpx(client: Any = None) -> Any:
     if client is None:
         if _classes_instrumented:
             for httpx in _installed_modules():
-                for cls in (httpx.Client, httpx.AsyncClient):
-                    current = cls.__dict__.get("send")
-                    if isinstance(current, wrapt.FunctionWrapper):
-                        setattr(cls, "send", current.__wrapped__)  # noqa: B010 - restoring the method
+                remove_wrapper(httpx.Client, "send", _sync_send)
+                remove_wrapper(httpx.AsyncClient, "send", _async_send)
             _classes_instrumented = False
         return None
-    if isinstance(client.__dict__.get("send"), wrapt.FunctionWrapper):
-        del client.__dict__["send"]
+    for wrapper in (_sync_send, _async_send):
+        current = vars(client).get("send")
+        if getattr(current, "_self_wrapper", None) is wrapper and not isinstance(
+            current.__wrapped__, wrapt.FunctionWrapper
+        ):
+            del client.__dict__["send"]  # ours alone: the class's `send` again
+        else:
+            remove_wrapper(client, "send", wrapper)
     return client

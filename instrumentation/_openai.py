@@ -12,7 +12,7 @@ from typing import Any
 
 import wrapt
 
-from tokentrace.instrumentation._httpx import instrument_httpx
+from tokentrace.instrumentation._httpx import instrument_httpx, remove_wrapper
 from tokentrace.instrumentation._safety import log_once
 
 _instrumented = False
@@ -49,8 +49,5 @@ def uninstrument_openai() -> None:
     import openai
 
     for name in _CLASSES:
-        cls = getattr(openai, name)
-        current = cls.__dict__.get("__init__")
-        if isinstance(current, wrapt.FunctionWrapper):
-            cls.__init__ = current.__wrapped__
+        remove_wrapper(getattr(openai, name), "__init__", _after_init)  # ours only
     _instrumented = False

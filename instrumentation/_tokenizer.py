@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
+from types import CoroutineType
 from typing import Any
 
 import wrapt
@@ -34,7 +35,19 @@ def _timed_call(phase: str, fn: Any, request: RequestTrace | None, args: Any, kw
         return fn(*args, **kwargs)
     start = time.monotonic_ns()
     try:
-        return fn(*args, **kwargs)  # the user's exceptions pass through unchanged
+        result = fn(*args, **kwargs)  # the user's exceptions pass through unchanged
+    except BaseException:
+        req._phases.append((phase, start, time.monotonic_ns()))
+        raise
+    if result.__class__ is CoroutineType:  # an async tokenizer: timed until it completes
+        return _timed_await(phase, result, req, start)
+    req._phases.append((phase, start, time.monotonic_ns()))
+    return result
+
+
+async def _timed_await(phase: str, coro: Any, req: RequestTrace, start: int) -> Any:
+    try:
+        return await coro
     finally:
         req._phases.append((phase, start, time.monotonic_ns()))
 
@@ -54,24 +67,25 @@ class _TimedMethod(wrapt.ObjectProxy):  # type: ignore[misc]
 class TokenizerProxy(wrapt.ObjectProxy):  # type: ignore[misc]
     """Behaves as the wrapped tokenizer; encode/decode calls are timed.
 
-    Sync code is timed directly; in async code the calls are sync too (tokenizers
-    do not await), and the phase lands on the request current in that task.
-    `encode` and `decode` are methods of the proxy itself (a request's usual
-    two calls go straight to the tokenizer); the other timed names are made
-    once, on first use.
+    Sync calls are timed directly; an async tokenizer's (`async def encode`)
+    until its coroutine completes, on the request current where it was called.
+    `encode`, `decode` and calling the proxy are methods of the proxy itself (a
+    request's usual two calls go straight to the tokenizer), present only where
+    the tokenizer has them: the proxy is of a subclass made for what the
+    tokenizer has (`hasattr(proxy, "decode")` and `callable(proxy)` answer as
+    for the tokenizer).  The other timed names are made once, on first use.
     """
+
+    def __new__(cls, wrapped: Any, request: RequestTrace | None = None) -> Any:
+        if cls is TokenizerProxy:
+            cls = _proxy_class(wrapped)
+        return super().__new__(cls, wrapped)  # type: ignore[call-arg]
 
     def __init__(self, wrapped: Any, request: RequestTrace | None = None) -> None:
         super().__init__(wrapped)
         self._self_request = request
         #: timed methods made once: a proxy per call cost more than the tokenizer's own work
         self._self_timed: dict[str, _TimedMethod] = {}
-
-    def encode(self, *args: Any, **kwargs: Any) -> Any:
-        return _timed_call("tokenize", self.__wrapped__.encode, self._self_request, args, kwargs)
-
-    def decode(self, *args: Any, **kwargs: Any) -> Any:
-        return _timed_call("detokenize", self.__wrapped__.decode, self._self_request, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         timed = self._self_timed.get(name)
@@ -90,10 +104,6 @@ class TokenizerProxy(wrapt.ObjectProxy):  # type: ignore[misc]
         timed = self._self_timed[name] = _TimedMethod(value, phase, self._self_request)
         return timed
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # transformers tokenizers and plain callables tokenize when called
-        return _timed_call("tokenize", self.__wrapped__, self._self_request, args, kwargs)
-
     # wrapt's proxy refuses copy and pickle (NotImplementedError); a tokenizer is
     # copied (`copy.deepcopy`, a Trainer) and pickled (a DataLoader worker under
     # spawn, `datasets.map(num_proc=...)`), so the proxy copies as a proxy of a copy.
@@ -111,6 +121,38 @@ class TokenizerProxy(wrapt.ObjectProxy):  # type: ignore[misc]
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return self.__reduce__()  # wrapt's proxy refuses both: pickle asks for this one
+
+
+def _encode(self: TokenizerProxy, *args: Any, **kwargs: Any) -> Any:
+    return _timed_call("tokenize", self.__wrapped__.encode, self._self_request, args, kwargs)
+
+
+def _decode(self: TokenizerProxy, *args: Any, **kwargs: Any) -> Any:
+    return _timed_call("detokenize", self.__wrapped__.decode, self._self_request, args, kwargs)
+
+
+def _call(self: TokenizerProxy, *args: Any, **kwargs: Any) -> Any:
+    # transformers tokenizers and plain callables tokenize when called
+    return _timed_call("tokenize", self.__wrapped__, self._self_request, args, kwargs)
+
+
+#: the proxy classes, one for each set of (encode, decode, callable) a tokenizer has
+_proxy_classes: dict[tuple[bool, bool, bool], type[TokenizerProxy]] = {}
+
+
+def _proxy_class(tokenizer: Any) -> type[TokenizerProxy]:
+    """Gives the `TokenizerProxy` subclass with the methods `tokenizer` has (made once)."""
+    has = (hasattr(tokenizer, "encode"), hasattr(tokenizer, "decode"), callable(tokenizer))
+    cls = _proxy_classes.get(has)
+    if cls is None:
+        methods: dict[str, Any] = {"__module__": __name__, "__qualname__": "TokenizerProxy"}
+        for present, name, method in zip(
+            has, ("encode", "decode", "__call__"), (_encode, _decode, _call), strict=True
+        ):
+            if present:
+                methods[name] = method
+        cls = _proxy_classes[has] = type("TokenizerProxy", (TokenizerProxy,), methods)
+    return cls
 
 
 def wrap_tokenizer(tokenizer: Any, request: RequestTrace | None = None) -> Any:

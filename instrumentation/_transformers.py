@@ -180,7 +180,7 @@ def uninstrument_transformers_generate() -> None:
         return
     from transformers.generation.utils import GenerationMixin
 
-    current = GenerationMixin.__dict__.get("generate")
-    if isinstance(current, wrapt.FunctionWrapper):
-        setattr(GenerationMixin, "generate", current.__wrapped__)  # noqa: B010 - restoring the method
+    from tokentrace.instrumentation._httpx import remove_wrapper
+
+    remove_wrapper(GenerationMixin, "generate", _generate)  # ours only, not a layer above it
     _instrumented = False

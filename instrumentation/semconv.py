@@ -61,6 +61,9 @@ PHASES: Final[dict[str, str]] = {
 
 # ---- request attributes -----------------------------------------------------
 REQUEST_ID: Final = "tokentrace.request.id"
+#: bool: the client (or the stream's consumer) went away before the answer's end; not a
+#: server error, so the span status is left unset.
+REQUEST_DISCONNECTED: Final = "tokentrace.request.disconnected"
 #: int[] (packed): each output token's time, µs after the request span's start.
 TOKEN_OFFSETS_US: Final = "tokentrace.token.offsets_us"
 #: int: output tokens (also OTel's gen_ai.usage.output_tokens)
