@@ -3,13 +3,16 @@
 Every decision records its reason (a named constant) and its weight (the
 adjusted count, 1 / probability), as Refinery and OTel's `ot=th` do.  Policies,
 first match wins: errors; configured SLOs; slowness above the running p99 of
-the request's model/route (TTFT, E2E, each bucket, the largest inter-token
-gap); attribute rules; a probabilistic baseline decided from the trace id.
+the request's model/route over the last 5 to 10 minutes (TTFT, E2E, each
+bucket, the largest inter-token gap); attribute rules; the warm-up of a
+model/route (its first `min_samples` requests, before it has a p99); a
+probabilistic baseline decided from the trace id.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from tokentrace.analyzer.spans import STATUS_ERROR, Span
@@ -29,6 +32,9 @@ REASON_P99_PREFILL = "p99_prefill"
 REASON_P99_DECODE = "p99_decode"
 REASON_P99_NETWORK = "p99_network"
 REASON_P99_ITL = "p99_itl"
+#: Kept because its model/route was warming up: one of its first requests (since
+#: start, or since a whole window without one), before it has a p99.
+REASON_P99_WARMUP = "p99_warmup"
 
 #: The request-summary field watched by each p99 reason.
 P99_MEASURES: tuple[tuple[str, str], ...] = (
@@ -41,8 +47,8 @@ P99_MEASURES: tuple[tuple[str, str], ...] = (
     ("itl_max_ms", REASON_P99_ITL),
 )
 ALL_REASONS: tuple[str, ...] = (
-    REASON_ERROR, REASON_SLO, *(r for _, r in P99_MEASURES), REASON_RULE, REASON_BASELINE,
-    REASON_DROPPED,
+    REASON_ERROR, REASON_SLO, *(r for _, r in P99_MEASURES), REASON_RULE, REASON_P99_WARMUP,
+    REASON_BASELINE, REASON_DROPPED,
 )  # fmt: skip
 
 #: 56 bits of randomness, as in W3C trace-context level 2 / OTel's `th`.
@@ -103,65 +109,195 @@ def trace_randomness(trace_id: str) -> int:
     return int(trace_id[-14:], 16)
 
 
-class P99Tracker:
-    """Running p99 per (model, route, measure) from DDSketches (1 % relative error).
+#: Length of a p99 window, in seconds.  The threshold comes from the window
+#: being filled plus the one before it, so it always rests on the last 5 to 10
+#: minutes.  5 minutes is the window of the latency panels users compare with
+#: (PromQL's `[5m]`; Jaeger's adaptive sampling and Refinery's EMA samplers
+#: likewise follow the last minutes, not the process's life), short enough that
+#: a change of the service (a deployment, a load step) sets a new normal within
+#: 10 minutes, long enough that at 1 request/s a window holds 300 requests (3
+#: above their p99).  A window closes
+#: only once it holds `min_samples` requests, so a quiet model/route's window
+#: stretches instead of judging against a handful of values.
+P99_WINDOW_S = 300.0
 
-    Reading a quantile walks the sketch's bins, so each threshold is cached and
-    refreshed every `refresh` additions; a measure is judged only once its
-    sketch has `min_samples` values (before that the p99 is noise).
+#: model/route pairs that get their own windows (only those seen in the last
+#: window count); later ones share one.  A pair costs 14 sketches (up to ~16 KB
+#: each, for latencies spread over two orders of magnitude) and its warm-up
+#: keeps up to `min_samples` traces: 256 pairs stay under ~60 MB and 25,600
+#: warm-up traces, where the model name (a client's choice) could otherwise
+#: make both grow without end.
+MAX_P99_ROUTES = 256
+
+
+class _Windows:
+    """One model/route's sketches, one per measure: the window being filled and the one before."""
+
+    __slots__ = (
+        "count", "current", "last_ns", "p99", "previous", "previous_count", "since", "start_ns",
+    )  # fmt: skip
+
+    def __init__(self, now_ns: int) -> None:
+        n = len(P99_MEASURES)
+        self.current = [LatencySketch(P99Tracker.ACCURACY) for _ in range(n)]
+        self.previous = [LatencySketch(P99Tracker.ACCURACY) for _ in range(n)]
+        self.p99: list[float | None] = [None] * n
+        self.count = 0  # requests in the current window
+        self.previous_count = 0  # requests in the previous one (0: still warming up)
+        self.since = 0  # requests since the thresholds were read
+        self.start_ns = now_ns  # when the current window opened
+        self.last_ns = now_ns  # the last request
+
+    def reset(self, now_ns: int) -> None:
+        for sketch in (*self.current, *self.previous):
+            sketch.clear()
+        self.p99 = [None] * len(P99_MEASURES)
+        self.count = self.previous_count = self.since = 0
+        self.start_ns = now_ns
+
+    def rotate(self, now_ns: int) -> None:
+        self.previous, self.current = self.current, self.previous
+        for sketch in self.current:
+            sketch.clear()
+        self.previous_count, self.count = self.count, 0
+        self.start_ns = now_ns
+
+
+class P99Tracker:
+    """Running p99 per (model, route, measure) over the recent past, from DDSketches
+    (1 % relative error).
+
+    Each model/route has a window being filled and the one before it; its
+    thresholds are read from both.  The current window closes once it is
+    `window_s` old *and* holds `min_samples` requests: it becomes the previous
+    one, the one before is forgotten, so a burst long past stops counting and
+    a service that got slower sets a new normal within two windows.  A measure
+    is judged once its two sketches hold `min_samples` values (before that the
+    p99 is noise).
+
+    Warm-up: the first `min_samples` requests of a model/route, before its
+    first window closes, have no threshold to be judged against; `observe`
+    gives `REASON_P99_WARMUP` for each of them (for the first `warmup` of
+    them, when given), so a short first run is kept whole (at most
+    `min_samples` traces per model/route).  A model/route with
+    no request for a whole window starts over: its past says nothing about
+    the next burst (a new deployment, a restarted load test, a cold start).
+
+    Reading a quantile walks the sketches' bins, so thresholds are cached and
+    refreshed every `refresh` requests of the model/route and when a window
+    closes: each request costs one clock read and one `add` per measure.
     """
 
     #: DDSketch's relative accuracy; a value is "above p99" only beyond twice
     #: this margin, so the sketch's own rounding never flags the top bucket.
     ACCURACY = 0.01
 
-    def __init__(self, min_samples: int = 100, refresh: int = 32) -> None:
+    def __init__(
+        self,
+        min_samples: int = 100,
+        refresh: int = 32,
+        window_s: float = P99_WINDOW_S,
+        clock: Callable[[], int] = time.monotonic_ns,
+        max_routes: int = MAX_P99_ROUTES,
+        warmup: int | None = None,
+    ) -> None:
+        if min_samples < 1 or refresh < 1 or window_s <= 0 or max_routes < 1:
+            raise ValueError("min_samples, refresh, window_s and max_routes must be positive")
+        if warmup is not None and warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {warmup}")
         self.min_samples = min_samples
         self.refresh = refresh
-        self._sketches: dict[tuple[str, str, str], LatencySketch] = {}
-        self._p99: dict[tuple[str, str, str], float] = {}
-        self._since: dict[tuple[str, str, str], int] = {}
-        # (model, route) -> one key per measure, so a request builds no tuples
-        self._keys: dict[tuple[str, str], tuple[tuple[str, str, str], ...]] = {}
+        self.window_ns = int(window_s * 1e9)
+        self.max_routes = max_routes
+        #: how many of a warm-up's requests are kept (its first ones; None: all,
+        #: 0: none, its requests only feed the sketches)
+        self.warmup = min_samples if warmup is None else min(warmup, min_samples)
+        self._clock = clock
+        self._windows: dict[tuple[str, str], _Windows] = {}
+        self._overflow: _Windows | None = None  # the pairs beyond `max_routes`
+        self._swept_ns = clock()
 
     def p99(self, model: str, route: str, measure: str) -> float | None:
-        """Gives the current p99 (None until `min_samples` values were seen)."""
-        return self._p99.get((model, route, measure))
+        """Gives the current p99 (None while the model/route's measure lacks `min_samples` values)."""
+        w = self._windows.get((model, route))
+        if w is None:
+            return None
+        for i, (name, _) in enumerate(P99_MEASURES):
+            if name == measure:
+                return w.p99[i]
+        return None
 
     def observe(self, r: RequestSummary) -> str | None:
-        """Adds the request's measures; gives the p99 reason of the first one above p99."""
+        """Adds the request's measures; gives the p99 reason of the first one above
+        p99, `REASON_P99_WARMUP` while its model/route warms up, else None."""
+        now = self._clock()
+        window_ns = self.window_ns
+        if now - self._swept_ns >= window_ns:
+            self._sweep(now)
+        w = self._windows.get((r.model, r.route))
+        if w is None:
+            w = self._open((r.model, r.route), now)
+        elif now - w.last_ns >= window_ns:
+            w.reset(now)  # a whole window of silence
+        elif w.count >= self.min_samples and now - w.start_ns >= window_ns:
+            w.rotate(now)
+            self._read(w)
+        w.last_ns = now
+        warming = not w.previous_count and w.count < self.min_samples
+        keep_warm = warming and w.count < self.warmup
         reason: str | None = None
-        keys = self._keys.get((r.model, r.route))
-        if keys is None:
-            keys = self._keys[(r.model, r.route)] = tuple(
-                (r.model, r.route, measure) for measure, _ in P99_MEASURES
-            )
-        p99 = self._p99
-        sketches = self._sketches
-        since = self._since
-        for (measure, why), key in zip(P99_MEASURES, keys, strict=True):
+        thresholds = w.p99
+        current = w.current
+        for i, (measure, why) in enumerate(P99_MEASURES):
             value = getattr(r, measure)
             if value is None or value <= 0:
                 continue
             if reason is None:
-                threshold = p99.get(key)
+                threshold = thresholds[i]
                 if threshold is not None and value > threshold:
                     reason = why
-            sketch = sketches.get(key)
-            if sketch is None:
-                sketch = sketches[key] = LatencySketch(self.ACCURACY)
-                since[key] = 0
-            sketch.add(value)
-            n = since[key] + 1
-            if n >= self.refresh and sketch.count >= self.min_samples:
-                p99[key] = sketch.quantile(0.99) * (1 + 2 * self.ACCURACY)  # type: ignore[operator]
-                n = 0
-            since[key] = n
+            current[i].add(value)
+        w.count += 1
+        w.since += 1
+        if w.since >= self.refresh or (warming and w.count == self.min_samples):
+            self._read(w)
+        if keep_warm and reason is None:
+            return REASON_P99_WARMUP
         return reason
+
+    def _open(self, key: tuple[str, str], now: int) -> _Windows:
+        if len(self._windows) < self.max_routes:
+            w = self._windows[key] = _Windows(now)
+            return w
+        if self._overflow is None:
+            self._overflow = _Windows(now)
+        return self._overflow
+
+    def _read(self, w: _Windows) -> None:
+        """Reads the thresholds of `w` from its two windows."""
+        w.since = 0
+        if w.count + w.previous_count < self.min_samples:
+            return
+        margin = 1 + 2 * self.ACCURACY
+        p99 = w.p99
+        for i, (current, previous) in enumerate(zip(w.current, w.previous, strict=True)):
+            if current.count + previous.count >= self.min_samples:
+                p99[i] = current.merged_quantile(previous, 0.99) * margin  # type: ignore[operator]
+            else:
+                p99[i] = None
+
+    def _sweep(self, now: int) -> None:
+        """Forgets the pairs silent for a whole window (they would start over anyway)."""
+        self._swept_ns = now
+        window_ns = self.window_ns
+        stale = [key for key, w in self._windows.items() if now - w.last_ns >= window_ns]
+        for key in stale:
+            del self._windows[key]
 
 
 class Sampler:
-    """Errors, SLO breaches, p99 outliers and rule matches are kept whole; the rest by baseline."""
+    """Errors, SLO breaches, p99 outliers, rule matches and a model/route's warm-up
+    are kept whole (weight 1); the rest by baseline (weight 1/baseline)."""
 
     def __init__(
         self,
@@ -192,9 +328,13 @@ class Sampler:
         the spans (then `spans` may be empty unless attribute rules are set)."""
         # every request feeds the sketches, whatever the decision
         slow = None
+        warming = False
         for r in requests:
             why = self.p99.observe(r)
-            slow = slow or why
+            if why == REASON_P99_WARMUP:
+                warming = True
+            elif slow is None:
+                slow = why
         if span_error is None:
             span_error = any(s.status_code == STATUS_ERROR for s in spans)
         if span_error or any(r.error for r in requests):
@@ -205,6 +345,8 @@ class Sampler:
             return Decision(True, slow)
         if self.rules and any(rule.matches(spans) for rule in self.rules):
             return Decision(True, REASON_RULE)
+        if warming:  # kept for sure, so weight 1 (before the baseline, whose weight is 1/p)
+            return Decision(True, REASON_P99_WARMUP)
         if self.baseline > 0 and trace_randomness(trace_id) >= self._threshold:
             return Decision(True, REASON_BASELINE, 1.0 / self.baseline)
         return Decision(False, REASON_DROPPED)

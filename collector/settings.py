@@ -63,6 +63,7 @@ class CollectorSettings:
     duckdb_checkpoint_threshold: str = "256MB"
     keep_rules: str = ""
     p99_min_samples: int = 100
+    p99_warmup: int = 100
     max_pending_writes: int = 256
     decode_processes: int = 1
     retention: str | None = None
@@ -96,6 +97,8 @@ class CollectorSettings:
         ):
             if getattr(self, name) <= 0:
                 raise SettingError((name,), f"{name} must be positive, got {getattr(self, name)}")
+        if self.p99_warmup < 0:
+            raise SettingError(("p99_warmup",), f"p99_warmup must be >= 0, got {self.p99_warmup}")
         if self.decode_processes < 0:
             raise SettingError(
                 ("decode_processes",), f"decode_processes must be >= 0, got {self.decode_processes}"
@@ -170,6 +173,8 @@ HELP: dict[str, str] = {
     "keep_rules": "keep every trace with one of these attributes: key=value[,key=value...]"
     " (span or resource attribute, e.g. tenant.id=acme,gen_ai.request.model=big)",
     "p99_min_samples": "requests a model/route needs before its running p99 keeps slow traces",
+    "p99_warmup": "traces of a model/route kept whole while its p99 warms up: its first ones, at"
+    " most --p99-min-samples, again after 5 minutes without a request (0 keeps none)",
     "max_pending_writes": "batches the DuckDB writer may queue; beyond it receivers answer 503",
     "decode_processes": "worker processes that decode big OTLP/HTTP protobuf exports off the GIL"
     " (0: decode everything in the collector process)",

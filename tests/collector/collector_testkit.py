@@ -55,7 +55,7 @@ def start_live(
     small, is decoded by a decode worker process (the path of big exports)."""
     settings = CollectorSettings(
         db=tmp_path / "live.duckdb", http_port=free_port(), grpc_port=0, web_port=0,
-        **{"grace_s": 0.2, "baseline": 0.0, **overrides},
+        **{"grace_s": 0.2, "baseline": 0.0, "p99_warmup": 0, **overrides},
     )  # fmt: skip
     collector = Collector(settings)
     collector.start()

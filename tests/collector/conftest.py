@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # the trace builders beside this
 from collector_testkit import LiveCollector, start_live  # noqa: E402
 
 from tokentrace.collector.pipeline import Pipeline  # noqa: E402
-from tokentrace.collector.sampling import Sampler  # noqa: E402
+from tokentrace.collector.sampling import P99Tracker, Sampler  # noqa: E402
 from tokentrace.collector.writer import Writer  # noqa: E402
 from tokentrace.store.connection import open_db  # noqa: E402
 
@@ -60,7 +60,10 @@ def make_rig(tmp_path: Path, clock: FakeClock) -> Iterator[Any]:
         writer = Writer(conn, max_pending=max_pending)
         kw.setdefault("grace_s", 1.0)
         kw.setdefault("decision_wait_s", 30.0)
-        pipeline = Pipeline(writer, sampler or Sampler(baseline=0.0), clock=clock, **kw)
+        # by default only errors, SLOs, p99 outliers and rules keep a trace: no
+        # baseline, and no warm-up (which keeps a model/route's first requests)
+        sampler = sampler or Sampler(baseline=0.0, p99=P99Tracker(warmup=0))
+        pipeline = Pipeline(writer, sampler, clock=clock, **kw)
         rig = PipelineRig(pipeline, writer, clock, conn)
         made.append(rig)
         return rig

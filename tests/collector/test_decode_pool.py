@@ -21,7 +21,7 @@ from tokentrace.analyzer.spans import KIND_SERVER, Span
 from tokentrace.collector.decode_pool import OFFLOAD_MIN_BYTES, DecodePool
 from tokentrace.collector.otlp import decode_protobuf_partial
 from tokentrace.collector.packed import PackedTrace, span_count
-from tokentrace.collector.sampling import Sampler
+from tokentrace.collector.sampling import P99Tracker, Sampler
 from tokentrace.collector.writer import itl_histogram
 from tokentrace.store.connection import open_db
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
@@ -111,7 +111,7 @@ def test_packed_and_in_process_paths_store_the_same_rows(make_rig: Any, clock: A
     local = [decode_protobuf_partial(b)[0] for b in bodies]
     rigs = []
     for exports in (local, packed):
-        rig = make_rig(Sampler(baseline=0.0))
+        rig = make_rig(Sampler(baseline=0.0, p99=P99Tracker(warmup=0)))
         for export in exports:
             assert rig.pipeline.offer(export) is None
         assert rig.pipeline.buffered_spans == len(spans) + len(split)
@@ -139,7 +139,7 @@ def test_late_packed_spans_follow_the_decision(make_rig: Any, clock: Any) -> Non
         late, _ = _decode(pool, to_protobuf(kept[:1] + dropped[:1]).SerializeToString())
     finally:
         pool.close()
-    rig = make_rig(Sampler(baseline=0.0))
+    rig = make_rig(Sampler(baseline=0.0, p99=P99Tracker(warmup=0)))
     assert rig.pipeline.offer(early) is None
     clock.advance(5)
     rig.pipeline.decide_ready()

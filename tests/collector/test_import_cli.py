@@ -11,21 +11,22 @@ from pathlib import Path
 from traces import request_trace, to_json
 
 
-def _import(tmp_path: Path, *extra: str) -> str:
+def _import(tmp_path: Path, *extra: str, **env: str) -> str:
     path = tmp_path / "one.json"
     path.write_text(json.dumps(to_json(request_trace())))
     out = subprocess.run(
         [sys.executable, "-m", "tokentrace", "import", str(path), "--db", str(tmp_path / "t.duckdb"), *extra],
         capture_output=True, text=True, timeout=120,
-        env={k: v for k, v in os.environ.items() if not k.startswith("TOKENTRACE_")},
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("TOKENTRACE_")}, **env},
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     return out.stdout
 
 
 def test_import_says_when_sampling_left_a_traces_spans_out(tmp_path: Path) -> None:
-    # an unremarkable trace, re-imported as a user would (an explorer's otlp.json export)
-    out = _import(tmp_path)
+    # an unremarkable trace, re-imported as a user would (an explorer's otlp.json export),
+    # with no warm-up (which keeps the first requests of a model/route whole)
+    out = _import(tmp_path, TOKENTRACE_P99_WARMUP="0")
     assert "from 1 file: 1 request, 0 traces kept whole" in out
     assert "the spans of 1 trace were not kept (tail sampling: unremarkable, baseline 0.02)" in out
     assert "--baseline 1 keeps every trace whole" in out

@@ -6,12 +6,12 @@ from traces import new_id, request_trace
 
 from tokentrace.collector import sampling as sp
 from tokentrace.collector.pipeline import REFUSED_BUFFER_FULL, REFUSED_WRITER_BEHIND
-from tokentrace.collector.sampling import Sampler, SloLimits, parse_rules
+from tokentrace.collector.sampling import P99Tracker, Sampler, SloLimits, parse_rules
 from tokentrace.instrumentation import semconv as sc
 
 
 def test_sampled_out_traces_still_have_summary_rows(make_rig) -> None:  # type: ignore[no-untyped-def]
-    rig = make_rig(Sampler(baseline=0.0))
+    rig = make_rig(Sampler(baseline=0.0, p99=P99Tracker(warmup=0)))
     traces = [request_trace() for _ in range(20)]
     for spans in traces:
         assert rig.pipeline.add(spans)
@@ -24,7 +24,7 @@ def test_sampled_out_traces_still_have_summary_rows(make_rig) -> None:  # type: 
 
 
 def test_error_and_slo_traces_are_kept_whole(make_rig) -> None:  # type: ignore[no-untyped-def]
-    rig = make_rig(Sampler(baseline=0.0, slo=SloLimits(ttft_ms=500)))
+    rig = make_rig(Sampler(baseline=0.0, slo=SloLimits(ttft_ms=500), p99=P99Tracker(warmup=0)))
     err = request_trace(error=True)
     slow = request_trace(ttft_ms=900)
     fine = request_trace()
@@ -40,7 +40,7 @@ def test_error_and_slo_traces_are_kept_whole(make_rig) -> None:  # type: ignore[
 
 
 def test_p99_of_model_route_keeps_the_outlier(make_rig) -> None:  # type: ignore[no-untyped-def]
-    rig = make_rig(Sampler(baseline=0.0, p99=sp.P99Tracker(min_samples=50, refresh=8)))
+    rig = make_rig(Sampler(baseline=0.0, p99=sp.P99Tracker(min_samples=50, refresh=8, warmup=0)))
     for i in range(200):
         rig.pipeline.add(request_trace(ttft_ms=40 + (i % 10)))
     # another route's fast requests must not be judged against this route
@@ -60,12 +60,12 @@ def test_p99_of_model_route_keeps_the_outlier(make_rig) -> None:  # type: ignore
     kept = dict(rig.rows("SELECT trace_id, reason FROM kept_traces"))
     assert kept[slow_ttft[0].trace_id] == sp.REASON_P99_TTFT
     assert kept[stall[0].trace_id] in (sp.REASON_P99_E2E, sp.REASON_P99_ITL, sp.REASON_P99_DECODE)
-    assert len(kept) == 2  # the first request of /other had no p99 yet
+    assert len(kept) == 2  # the first request of /other had no p99 yet (and no warm-up here)
 
 
 def test_attribute_rules_keep_matching_traces(make_rig) -> None:  # type: ignore[no-untyped-def]
     rules = parse_rules("tenant.id=acme, gen_ai.request.model=big")
-    rig = make_rig(Sampler(baseline=0.0, rules=rules))
+    rig = make_rig(Sampler(baseline=0.0, rules=rules, p99=P99Tracker(warmup=0)))
     acme = request_trace(attributes={"tenant.id": "acme"})
     big = request_trace(model="big")
     other = request_trace(attributes={"tenant.id": "zeta"})
@@ -78,7 +78,7 @@ def test_attribute_rules_keep_matching_traces(make_rig) -> None:  # type: ignore
 
 
 def test_baseline_is_decided_from_the_trace_id_with_its_weight(make_rig) -> None:  # type: ignore[no-untyped-def]
-    rig = make_rig(Sampler(baseline=0.25))
+    rig = make_rig(Sampler(baseline=0.25, p99=P99Tracker(warmup=0)))
     lucky = "0" * 18 + "f" * 14  # randomness at the top: kept by any baseline > 0
     unlucky = "f" * 18 + "0" * 14  # randomness 0: never kept below 100 %
     rig.pipeline.add(request_trace(lucky))
@@ -92,7 +92,7 @@ def test_baseline_is_decided_from_the_trace_id_with_its_weight(make_rig) -> None
 
 
 def test_late_spans_follow_the_first_decision(make_rig) -> None:  # type: ignore[no-untyped-def]
-    rig = make_rig(Sampler(baseline=0.0))
+    rig = make_rig(Sampler(baseline=0.0, p99=P99Tracker(warmup=0)))
     kept = request_trace(error=True)
     dropped = request_trace()
     rig.pipeline.add(kept[:-1] + kept[-1:])
