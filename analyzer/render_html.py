@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import math
+from datetime import datetime, timezone
 from typing import Any
 
 from tokentrace.analyzer.render import (
@@ -48,13 +49,68 @@ def _nice_top(v: float) -> float:
     return next(step * power for step in _NICE_STEPS if step * power >= v * (1 - 1e-9))
 
 
+#: The latency-over-time lines, drawn in this order (later on top), each with its own dash so
+#: that two lines on the same values stay apart: p95 dashed over p99 shows p99 between its dashes.
+_LINES = (
+    ("ttft_p50", "TTFT p50", "2 3"),
+    ("e2e_p99", "e2e p99", None),
+    ("e2e_p95", "e2e p95", "7 4"),
+    ("e2e_p50", "e2e p50", None),
+)
+#: Steps between the time axis's inner ticks, in seconds.
+_TICK_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+
+
+def _runs(pts: list[dict[str, Any]], key: str, slice_ns: int | None) -> list[list[dict[str, Any]]]:
+    """Gives the stretches of `pts` a line joins for series `key`: a slice with no requests
+    (no point) or without the value ends one, so an idle stretch is a gap, not a slope."""
+    runs: list[list[dict[str, Any]]] = []
+    prev: dict[str, Any] | None = None
+    for p in pts:
+        if p.get(key) is None:
+            prev = None
+            continue
+        if prev is None or (slice_ns and p["start_ns"] - prev["start_ns"] > slice_ns):
+            runs.append([])
+        runs[-1].append(p)
+        prev = p
+    return runs
+
+
+def _clock(ns: int, with_date: bool) -> str:
+    t = datetime.fromtimestamp(ns / 1e9, tz=timezone.utc)
+    return t.strftime("%Y-%m-%d %H:%M:%S" if with_date else "%H:%M:%S")
+
+
+def _time_axis(t0: int, t1: int, x: Any) -> list[str]:
+    """Gives the time axis's labels (UTC): the first slice's start with its date at the left, the
+    last one's at the right (its date too when another day), round times between."""
+    base = H - PAD
+    same_day = _clock(t0, True)[:10] == _clock(t1, True)[:10]
+    parts = [
+        f'<text class="x-label" x="{x(t0):.1f}" y="{base + 14}" font-size="10" text-anchor="start">{_e(_clock(t0, True))} UTC</text>',
+        f'<text class="x-label" x="{x(t1):.1f}" y="{base + 14}" font-size="10" text-anchor="end">{_e(_clock(t1, not same_day))} UTC</text>',
+    ]
+    span_s = (t1 - t0) / 1e9
+    step = next((s for s in _TICK_STEPS_S if span_s / s <= 6), _TICK_STEPS_S[-1])
+    tick = (t0 // (step * 10**9) + 1) * step * 10**9
+    while tick < t1:
+        tx = x(tick)
+        # clear of the end labels (about 6 px a character at 10 px) and of its own half width
+        if tx - x(t0) > 6 * (len(_clock(t0, True)) + 4) + 30 and x(t1) - tx > 6 * (len(_clock(t1, not same_day)) + 4) + 30:
+            parts.append(f'<line x1="{tx:.1f}" y1="{base}" x2="{tx:.1f}" y2="{base + 4}" stroke="#999"/>')
+            parts.append(f'<text class="x-label" x="{tx:.1f}" y="{base + 14}" font-size="10" text-anchor="middle">{_e(_clock(tick, False))}</text>')
+        tick += step * 10**9
+    return parts
+
+
 def _timeline_svg(timeline: dict[str, Any]) -> str:
     pts = timeline.get("points") or []
     if len(pts) < 2:
         return "<p>Not enough time slices for a chart.</p>"
-    series = ("e2e_p50", "e2e_p95", "e2e_p99", "ttft_p50")
+    slice_ns = timeline.get("slice_ns")
     t0, t1 = pts[0]["start_ns"], pts[-1]["start_ns"]
-    top = _nice_top(max((p[s] or 0) for p in pts for s in series))
+    top = _nice_top(max((p[s] or 0) for p in pts for s, _, _ in _LINES))
     def x(t: int) -> float:
         return LEFT + (W - LEFT - PAD) * (t - t0) / max(t1 - t0, 1)
     def y(v: float) -> float:
@@ -67,14 +123,28 @@ def _timeline_svg(timeline: dict[str, Any]) -> str:
     parts.append(f'<text x="{LEFT - 6}" y="{H - PAD + 3}" text-anchor="end" font-size="10">0</text>')
     parts.append(f'<line x1="{LEFT}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" stroke="#999"/>')
     parts.append(f'<line x1="{LEFT}" y1="{PAD}" x2="{LEFT}" y2="{H - PAD}" stroke="#999"/>')
-    minutes = (t1 - t0) / 6e10
-    parts.append(f'<text x="{W - PAD}" y="{H - PAD + 14}" text-anchor="end" font-size="10">+{minutes:.1f} min</text>')
-    for i, s in enumerate(series):
-        line = " ".join(f"{x(p['start_ns']):.1f},{y(p[s]):.1f}" for p in pts if p.get(s) is not None)
-        if not line:
-            continue
-        parts.append(f'<polyline fill="none" stroke="{COLORS[s]}" stroke-width="1.5" points="{line}"/>')
-        parts.append(f'<text x="{LEFT + 8 + i * 90}" y="{PAD - 10}" font-size="11" fill="{COLORS[s]}">{_e(s.replace("_", " "))}</text>')
+    parts += _time_axis(t0, t1, x)
+    if slice_ns:
+        secs = slice_ns / 1e9
+        width = f"{secs / 60:g} min" if secs >= 60 and secs % 60 == 0 else f"{secs:g} s"
+        note = f"one point per {width} slice; a gap: no requests"
+        parts.append(f'<text x="{W - PAD}" y="{PAD - 26}" font-size="10" fill="#666" text-anchor="end">{_e(note)}</text>')
+    # the legend, in reading order (p50, p95, p99, TTFT), each with its line's dash
+    legend = sorted(_LINES, key=lambda line: ("e2e_p50", "e2e_p95", "e2e_p99", "ttft_p50").index(line[0]))
+    for i, (s, label, dash) in enumerate(legend):
+        lx = LEFT + 8 + i * 100
+        style = f' stroke-dasharray="{dash}"' if dash else ""
+        parts.append(f'<line x1="{lx}" y1="{PAD - 14}" x2="{lx + 22}" y2="{PAD - 14}" stroke="{COLORS[s]}" stroke-width="2"{style}/>')
+        parts.append(f'<text x="{lx + 26}" y="{PAD - 10}" font-size="11" fill="{COLORS[s]}">{_e(label)}</text>')
+    for s, _, dash in _LINES:
+        style = f' stroke-dasharray="{dash}"' if dash else ""
+        for run in _runs(pts, s, slice_ns):
+            if len(run) == 1:  # a slice alone between gaps: a dot
+                p = run[0]
+                parts.append(f'<circle data-series="{s}" cx="{x(p["start_ns"]):.1f}" cy="{y(p[s]):.1f}" r="2.5" fill="{COLORS[s]}"/>')
+                continue
+            line = " ".join(f"{x(p['start_ns']):.1f},{y(p[s]):.1f}" for p in run)
+            parts.append(f'<polyline data-series="{s}" fill="none" stroke="{COLORS[s]}" stroke-width="{2 if dash else 1.5}"{style} points="{line}"/>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -97,6 +167,29 @@ def _buckets_svg(buckets: dict[str, Any]) -> str:
         for i, b in enumerate(BUCKETS)
     )
     return "".join(parts) + legend + "</svg>"
+
+
+def _buckets_table(buckets: dict[str, Any]) -> str:
+    """Gives each bucket's share with its p50 and p99 (as the text and markdown reports), and
+    the queue's parts (`queue_wait`, `tokenize`, `other`: their shares of the queue's time)."""
+    rows = ["<table><tr><th>bucket</th><th>share</th><th>p50</th><th>p99</th></tr>"]
+    for b in BUCKETS:
+        bucket = buckets[b]
+        name = f'<span class="sw" style="background:{COLORS[b]}"></span>{_e(b)}'
+        if b == "network" and not bucket.get("measured"):
+            rows.append(f"<tr><th>{name}</th><td>not measured</td><td>—</td><td>—</td></tr>")
+            continue
+        share = "—" if bucket.get("share") is None else f"{bucket['share'] * 100:.1f} %"
+        rows.append(
+            f"<tr><th>{name}</th><td>{_e(share)}</td><td>{_e(_ms(bucket.get('p50')))}</td>"
+            f"<td>{_e(_ms(bucket.get('p99')))}</td></tr>"
+        )
+    rows.append("</table>")
+    parts = buckets["queue"].get("parts") or {}
+    if any(v is not None for v in parts.values()):
+        split = ", ".join(f"{_e(k)} {'—' if v is None else f'{v * 100:.1f} %'}" for k, v in parts.items())
+        rows.append(f'<p class="parts">queue = {split} <small>(shares of the queue\'s time)</small></p>')
+    return "".join(rows)
 
 
 def _itl_svg(hist: list[dict[str, Any]]) -> str:
@@ -154,7 +247,8 @@ def render_html(report: dict[str, Any]) -> str:
         "<style>body{font:14px system-ui,sans-serif;margin:2em;max-width:800px;color:#222}"
         "table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right;border-bottom:1px solid #eee}"
         "th{text-align:left}.finding{border-left:4px solid #d79b00;padding-left:1em;margin:1em 0}"
-        "small,.note{color:#666;font-weight:normal}</style></head><body>",
+        "small,.note{color:#666;font-weight:normal}"
+        ".sw{display:inline-block;width:10px;height:10px;margin-right:5px;border-radius:2px}.parts{margin:.4em 0}</style></head><body>",
         "<h1>tokentrace report</h1>",
         f"<p><small>{_e(describe_window(report))}</small></p>",
         f"<p><b>{_e(req['count'])}</b> {noun(req['count'], 'request')} · {_e(counted(req['kept_traces'], 'kept trace'))} · "
@@ -167,7 +261,7 @@ def render_html(report: dict[str, Any]) -> str:
             "<h2>Latency</h2><table><tr><th></th>" + "".join(f"<th>{_e(p)}</th>" for p in PERCENTILES) + "</tr>",
             "".join(rows) + "</table>",
             "<h2>Latency over time</h2>", _timeline_svg(report.get("timeline") or {}),
-            "<h2>Where the time goes</h2>", _buckets_svg(report["buckets"]),
+            "<h2>Where the time goes</h2>", _buckets_svg(report["buckets"]), _buckets_table(report["buckets"]),
             "" if report["buckets"]["network"].get("measured") else "<p>Network not measured: no client spans.</p>",
             "<h2>Inter-token gaps</h2>", _itl_svg(report.get("itl_histogram") or []),
         ]

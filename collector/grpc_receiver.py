@@ -35,6 +35,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from tokentrace._loopback import host_port
 from tokentrace.collector.otlp import OtlpDecodeError, parse_trace_request, spans_from_request
 from tokentrace.collector.otlp_metrics import gpu_rows_from_request, parse_metrics_request
 from tokentrace.collector.pipeline import REFUSED_WRITER_BEHIND, Pipeline
@@ -171,11 +172,3 @@ def start_grpc_server(
         raise OSError(f"cannot serve OTLP/gRPC on {target}: grpc could not bind it")
     server.start()
     return server, bound
-
-
-def host_port(host: str, port: int) -> str:
-    """Gives `host:port` as gRPC targets and URLs write it: an IPv6 literal in
-    brackets (`[::1]:4317`; grpc reads a bare `::1:4317` as a misformatted name)."""
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"{host}:{port}"

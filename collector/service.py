@@ -14,9 +14,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tokentrace._loopback import host_port
 from tokentrace.collector.decode_pool import DecodePool, steps_dropped_total
 from tokentrace.collector.gc_tuning import tune_for_ingest
-from tokentrace.collector.grpc_receiver import host_port, start_grpc_server
+from tokentrace.collector.grpc_receiver import start_grpc_server
 from tokentrace.collector.http_receiver import create_http_app
 from tokentrace.collector.otlp import (
     OtlpDecodeError,
@@ -69,7 +70,7 @@ class Collector:
             baseline=settings.baseline,
             slo=SloLimits(settings.slo_ttft_ms, settings.slo_e2e_ms, settings.slo_itl_ms),
             rules=parse_rules(settings.keep_rules),
-            p99=P99Tracker(min_samples=settings.p99_min_samples),
+            p99=P99Tracker(min_samples=settings.p99_min_samples, warmup=settings.p99_warmup),
         )
         self.pipeline = Pipeline(
             self.writer,

@@ -59,3 +59,11 @@ def refusal_message(header: str, server: str, flag: str = "--host") -> str:
         "answers only http://127.0.0.1:…, http://localhost:… or http://[::1]:… (this guards "
         f"against DNS rebinding; bind another address with {flag} to serve others)"
     )
+
+
+def host_port(host: str, port: int) -> str:
+    """Gives `host:port` as gRPC targets and URLs write it: an IPv6 literal in
+    brackets (`[::1]:4317`; grpc reads a bare `::1:4317` as a misformatted name)."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"

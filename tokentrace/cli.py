@@ -102,7 +102,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             "tokentrace serve settings: %s",
             ", ".join(f"{k}={v}" for k, v in settings.as_applied().items()),
         )
-        from tokentrace.collector.grpc_receiver import host_port  # IPv6 literals in brackets
+        from tokentrace._loopback import host_port  # IPv6 literals in brackets
 
         otlp = settings.otlp_bind_host  # may differ from the web UI's (--otlp-host)
         print(

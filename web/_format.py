@@ -10,6 +10,12 @@ from urllib.parse import urlencode
 import jinja2
 
 from tokentrace._words import noun
+from tokentrace.analyzer.diagnosis import COMPLAINTS, TITLES
+from tokentrace.analyzer.diagnosis._base import MIN_REQUESTS
+
+#: The problems the diagnosis checks for, in its order: (complaint id, what it says in words).
+#: The search page's complaint choice and the "no findings" note name them.
+CHECKS: tuple[tuple[str, str], ...] = tuple((c, TITLES[c]) for c in COMPLAINTS)
 
 
 def ms(value: Any, digits: int = 1) -> str:
@@ -65,4 +71,4 @@ def value(v: Any) -> str:
 
 def install(env: jinja2.Environment) -> None:
     env.filters.update(ms=ms, num=num, counted=counted, pct=pct, when=when, value=value)
-    env.globals.update(qs=qs)
+    env.globals.update(qs=qs, checks=CHECKS, min_diagnosis_requests=MIN_REQUESTS)

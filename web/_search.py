@@ -10,6 +10,7 @@ from typing import Any
 
 import duckdb
 
+from tokentrace.analyzer.diagnosis import COMPLAINTS, TITLES
 from tokentrace.web._db import fetch_dicts, table_columns, time_limit
 from tokentrace.web._overview import newest_start_ns
 from tokentrace.web._params import ParamError, SearchParams
@@ -77,8 +78,11 @@ def search_data(
     note = None
     if p.complaint is not None:
         ids = complaint_trace_ids(report or {}, p.complaint)
-        if ids is None:
-            note = f"No current finding has complaint id {p.complaint!r}; nothing matches."
+        if p.complaint not in COMPLAINTS:  # a typo must not read like "no such requests"
+            note = f"unknown complaint {p.complaint!r}: one of {', '.join(COMPLAINTS)}"
+            ids = []
+        elif ids is None:
+            note = f"This window has no {p.complaint!r} finding ({TITLES[p.complaint]}): nothing matches."
             ids = []
         clauses.append("trace_id IN (SELECT unnest(?::VARCHAR[]))")
         params.append(ids)

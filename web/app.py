@@ -29,6 +29,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tokentrace._loopback import host_port
 from tokentrace.analyzer.export import write_requests
 from tokentrace.store.connection import StoreError
 from tokentrace.web import _format
@@ -97,6 +98,12 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
     )
     templates = Jinja2Templates(env=env)
     _format.install(templates.env)
+    if collector is not None:  # inside `tokentrace serve`: empty pages name its OTLP addresses
+        otlp_host = settings.otlp_bind_host
+        templates.env.globals["otlp"] = {
+            "http": f"http://{host_port(otlp_host, settings.http_port)}",
+            "grpc": host_port(otlp_host, settings.grpc_port),
+        }
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     reports = ReportCache(db)
     app.state.db = db
@@ -282,10 +289,14 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         cached, refreshing = await reports.wait(view, wait_s=REPORT_TIME_LIMIT_S)
         if cached is None:
             raise QueryTimeout("the diagnosis is still being computed; reload in a moment")
+        report = cached.report
+        otlp = templates.env.globals.get("otlp")
+        if otlp:  # `report --url` on an empty server says where to send traces
+            report = {**report, "otlp": otlp}
         return {
             "filters": view.query(),
             "window": view.window,
-            "report": cached.report,
+            "report": report,
             "report_compute_s": round(cached.compute_s, 3),
             "report_refreshing": refreshing,
             "services": cached.services,

@@ -126,11 +126,22 @@
     };
   }
 
+  // Off the chart the legend gives the latest bin, not the window the cards above give: it says
+  // so in a badge ("latest bin"), which turns back into "UTC" when the pointer picks a bin.
+  var LATEST_LABEL = "latest bin, UTC";
+  function markLatest(u) {
+    var latest = u.cursor.idx == null;
+    u.root.classList.toggle("at-latest", latest);
+    var label = u.root.querySelector(".u-legend .u-series:first-child .u-label");
+    if (label) label.textContent = latest ? LATEST_LABEL : "UTC";
+  }
+
   function plot(el, series, data, opts, binS) {
     var width = Math.max(300, el.clientWidth || 460);
     var o = Object.assign({ width: width, height: 200, tzDate: utc,
                             series: [{ label: "UTC", value: timeValue }].concat(series),
                             axes: [{ values: TIME_TICKS }, { size: axisSize }],
+                            hooks: { ready: [markLatest], setLegend: [markLatest] },
                             legend: { live: true } }, opts || {});
     o.scales = Object.assign({}, o.scales, { x: { time: true, range: timeRange(binS || 1) } });
     // one bin: ticks a slice apart (before, at and after it), not every 200 ms
