@@ -34,16 +34,15 @@ ERROR_KEY = "tokentrace.error"
 
 
 def request_from_headers(
-    headers: Mapping[str, str] | Iterable[tuple[str, str]], **kwargs: Any
+    headers: Mapping[Any, Any] | Iterable[tuple[Any, Any]] | None, **kwargs: Any
 ) -> RequestTrace:
     """Gives a request trace continuing the caller's `traceparent` from any framework's headers.
 
-    `headers` is a mapping or (name, value) pairs (names case-insensitive);
-    keyword arguments go to `request()`.
+    `headers` is a mapping or (name, value) pairs, text or bytes (names
+    case-insensitive); what cannot be read is logged once and the request starts
+    a new trace.  Keyword arguments go to `request()`.
     """
-    items = headers.items() if isinstance(headers, Mapping) else headers
-    carrier = {str(k).lower(): str(v) for k, v in items}
-    return request(headers=carrier, **kwargs)
+    return request(headers=headers, **kwargs)
 
 
 def _route_of(scope: Scope, app_root_path: str) -> str | None:

@@ -103,6 +103,7 @@ class QueueFlusher(Generic[_T]):
         # the child has no flusher thread and must not send the parent's items twice
         self._thread = None
         self._items.clear()
+        self.dropped = 0  # the parent's to report
         self._wake = threading.Event()
         self._flush_lock = threading.Lock()
         self._thread_lock = threading.Lock()
@@ -113,4 +114,5 @@ def _reset_all_after_fork() -> None:
         flusher._after_fork()
 
 
-os.register_at_fork(after_in_child=_reset_all_after_fork)
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_reset_all_after_fork)

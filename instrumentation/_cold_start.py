@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -52,3 +53,13 @@ class ColdStartTracker:
 
 
 tracker = ColdStartTracker()
+
+
+def _new_lock_after_fork() -> None:
+    # whether the child's first requests are cold starts is `_config`'s to say
+    # (`tracker.after_fork()`); the lock is remade whatever the configuration
+    tracker._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_new_lock_after_fork)

@@ -444,7 +444,8 @@ def _after_fork_in_child() -> None:
     tracker.after_fork()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def shutdown() -> None:

@@ -11,10 +11,15 @@ launch / sync overhead.  torch is imported lazily, never at SDK import.
 
 from __future__ import annotations
 
+import copy
 import functools
+import inspect
+import os
 import sys
 import threading
 import time
+import types
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +34,11 @@ _WORKER_POLL_S = 0.002
 #: Calls between two checks of where a model runs: one moved to or from the
 #: GPU after `instrument_model` is timed the old way for at most this many.
 DEVICE_CHECK_EVERY = 256
-_ATTR_ORIGINAL = "_tokentrace_original_forward"
+#: An instrumented module's `__dict__` entry saying how (a `_ModuleTiming`).
+_ATTR_STATE = "_tokentrace_forward"
+#: What `instrument_model` puts in a module's `__dict__`: left out of its pickled
+#: or copied state (`_getstate`), taken out again by `uninstrument_model`.
+_SDK_KEYS = frozenset(("forward", "__getstate__", "__deepcopy__", _ATTR_STATE))
 
 
 class DeviceTimer:
@@ -101,6 +110,17 @@ class DeviceTimer:
                     self._inflight.append((start, end, tally))  # streams finish out of order
         return resolved
 
+    def after_fork(self) -> None:
+        """In a forked child: new locks (another thread may have held them at the fork),
+        no worker (it was the parent's thread), and none of the parent's events (CUDA
+        is not usable in a forked child; its requests are the parent's)."""
+        self._resolve_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
+        self._inflight = deque()
+        self._free = deque()
+        self._created = 0
+
     def flush(self) -> None:
         """Cold path (shutdown / force_flush): waits for in-flight events, then reads them."""
         if not self._inflight:
@@ -113,6 +133,8 @@ class DeviceTimer:
 
 timer = DeviceTimer()
 add_flush_hook(timer.flush)
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=timer.after_fork)
 
 
 def poll_device_timings() -> int:
@@ -130,8 +152,7 @@ _owner_getters: list[Callable[[], Any]] = []
 
 
 def _bind_owner_getters() -> None:
-    # bound on first use: those modules import this one.  The contextvars'
-    # own `get`: one C call each on the forward's hot path
+    # bound on first `instrument_model`: those modules import this one
     from tokentrace.instrumentation._request import _current
     from tokentrace.instrumentation._steps import _current_step
 
@@ -145,25 +166,83 @@ def _first_parameter(model: Any) -> Any:
         return None
 
 
-def _make_timed(fn: Callable[..., Any], on_cuda: Callable[[], bool]) -> Callable[..., Any]:
+def _make_timed(
+    fn: Callable[..., Any],
+    on_cuda: Callable[[], bool],
+    module_ref: weakref.ReferenceType[Any] | None = None,
+) -> Callable[..., Any]:
+    """Gives `fn` timed; with `module_ref`, `fn` is a module class's forward function
+    and each call runs it on the module the weak reference gives (see `_instrument_module`)."""
     perf = time.perf_counter_ns
     checks_left = 0
     cuda = False
+    if not _owner_getters:
+        _bind_owner_getters()
+    # the contextvars' own `get`s, in the closure: one C call each on the hot path
+    get_step, get_request = _owner_getters
 
+    if module_ref is None:
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            try:
+                # the engine step, else the request, running in this context owns the
+                # time and is its tally (inline: every Python call costs ~1 µs right
+                # after a forward)
+                tally: DeviceTally | None = get_step() or get_request()
+                pair = None
+                if tally is not None:
+                    nonlocal checks_left, cuda
+                    if checks_left <= 0:  # the device, every DEVICE_CHECK_EVERY calls:
+                        cuda = on_cuda()  # asking torch costs more than the rest here
+                        checks_left = DEVICE_CHECK_EVERY
+                    checks_left -= 1
+                    if cuda:
+                        pair = timer.acquire()
+                if pair is not None:
+                    import torch
+
+                    stream = torch.cuda.current_stream()
+                    pair[0].record(stream)
+            except Exception as exc:
+                log_once("forward timing (start)", exc)
+                tally = pair = None
+            if tally is None:
+                return fn(*args, **kwargs)
+            t0 = perf()
+            try:
+                return fn(*args, **kwargs)  # the user's exceptions pass through unchanged
+            finally:
+                host = perf() - t0
+                try:
+                    tally.fwd_count += 1
+                    tally.fwd_host_ns += host
+                    if pair is not None:
+                        pair[1].record(stream)
+                        tally.fwd_launched += 1
+                        timer.submit(pair[0], pair[1], tally)
+                except Exception as exc:
+                    log_once("forward timing (end)", exc)
+
+        return timed
+
+    ref = module_ref
+
+    # The same, for a module: the module comes from a weak reference, so that its
+    # own `__dict__` holding this does not make a reference cycle (`del model`
+    # frees it, and its GPU memory, at once rather than at the next full GC).
     @functools.wraps(fn)
-    def timed(*args: Any, **kwargs: Any) -> Any:
+    def timed_module(*args: Any, **kwargs: Any) -> Any:
+        module = ref()
+        if module is None:
+            _module_gone(fn)
         try:
-            # the engine step, else the request, running in this context owns the
-            # time and is its tally (inline: every Python call costs ~1 µs right
-            # after a forward)
-            if not _owner_getters:
-                _bind_owner_getters()
-            tally: DeviceTally | None = _owner_getters[0]() or _owner_getters[1]()
+            tally: DeviceTally | None = get_step() or get_request()
             pair = None
             if tally is not None:
                 nonlocal checks_left, cuda
-                if checks_left <= 0:  # the device, every DEVICE_CHECK_EVERY calls:
-                    cuda = on_cuda()  # asking torch costs more than the rest here
+                if checks_left <= 0:
+                    cuda = on_cuda()
                     checks_left = DEVICE_CHECK_EVERY
                 checks_left -= 1
                 if cuda:
@@ -177,10 +256,10 @@ def _make_timed(fn: Callable[..., Any], on_cuda: Callable[[], bool]) -> Callable
             log_once("forward timing (start)", exc)
             tally = pair = None
         if tally is None:
-            return fn(*args, **kwargs)
+            return fn(module, *args, **kwargs)
         t0 = perf()
         try:
-            return fn(*args, **kwargs)  # the user's exceptions pass through unchanged
+            return fn(module, *args, **kwargs)  # the user's exceptions pass through unchanged
         finally:
             host = perf() - t0
             try:
@@ -193,7 +272,130 @@ def _make_timed(fn: Callable[..., Any], on_cuda: Callable[[], bool]) -> Callable
             except Exception as exc:
                 log_once("forward timing (end)", exc)
 
-    return timed
+    return timed_module
+
+
+def _module_gone(fn: Any) -> None:
+    raise ReferenceError(
+        f"tokentrace: the module of this instrumented {getattr(fn, '__qualname__', 'forward')} "
+        "was freed (a module's timed `forward` holds it weakly: keep the module, "
+        "not only its `forward`)"
+    )
+
+
+class _ModuleTiming:
+    """What `instrument_model` did to a module (its `__dict__[_ATTR_STATE]`)."""
+
+    __slots__ = ("name", "replaced", "timed")
+
+    def __init__(self, name: str, replaced: Any, timed: Callable[..., Any]) -> None:
+        self.name = name
+        #: the module's own `forward` instance attribute it replaced (`_ABSENT`: none)
+        self.replaced = replaced
+        self.timed = timed
+
+
+class _Absent:
+    """No `forward` instance attribute: one object, which copies give as itself."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> str:
+        return "_ABSENT"
+
+
+_ABSENT = _Absent()
+
+
+def _getstate(ref: weakref.ReferenceType[Any]) -> Any:
+    """An instrumented module's `__getstate__` (pickle, `torch.save`, `copy`): its state
+    as if it were not instrumented, so that it loads where tokentrace is not installed."""
+    module = ref()
+    cls_getstate = getattr(type(module), "__getstate__", None)
+    state = module.__dict__.copy() if cls_getstate is None else cls_getstate(module)
+    try:
+        timing = state.get(_ATTR_STATE) if isinstance(state, dict) else None
+        if isinstance(timing, _ModuleTiming):
+            forward = state.get("forward")
+            state = {k: v for k, v in state.items() if k not in _SDK_KEYS}
+            if forward is not timing.timed:
+                state["forward"] = forward  # another library's, set after: theirs to keep
+            elif timing.replaced is not _ABSENT:
+                state["forward"] = timing.replaced
+    except Exception as exc:  # the SDK's own failure must never reach the host
+        log_once("instrumented module's state", exc)
+    return state
+
+
+def _deepcopy(ref: weakref.ReferenceType[Any], memo: dict[int, Any]) -> Any:
+    """An instrumented module's `__deepcopy__`: a copy of it not instrumented
+    (`_getstate`), then instrumented on its own: the copy (an EMA or draft model,
+    a quantized copy) runs its own weights and times itself."""
+    module = ref()
+    timing = module.__dict__.get(_ATTR_STATE)
+    # the host's errors (an attribute that cannot be copied) pass through unchanged
+    own_deepcopy = getattr(type(module), "__deepcopy__", None)
+    if own_deepcopy is not None:  # the class's own, which this entry hides: it copies
+        dup = own_deepcopy(module, memo)
+    else:
+        rv = module.__reduce_ex__(4)
+        if isinstance(rv, str):
+            return module  # a global: as `copy.deepcopy` does
+        # `copy`'s own reconstruction, as `copy.deepcopy` does after `__reduce_ex__`
+        dup = copy._reconstruct(module, memo, *rv)  # type: ignore[attr-defined]
+    try:
+        if dup is not module:
+            copied = getattr(dup, "__dict__", {}).get(_ATTR_STATE)
+            if isinstance(copied, _ModuleTiming):  # the class's copy took the entries along
+                _strip(dup.__dict__, copied)
+            name = timing.name if isinstance(timing, _ModuleTiming) else "forward"
+            _instrument_module(dup, name)
+    except Exception as exc:  # the copy runs untimed
+        log_once("instrumenting a deep copy of an instrumented module", exc)
+    return dup
+
+
+def _strip(d: dict[str, Any], timing: _ModuleTiming) -> None:
+    """Takes `instrument_model`'s entries out of a module's `__dict__`."""
+    for key in _SDK_KEYS:
+        d.pop(key, None)
+    if timing.replaced is not _ABSENT:
+        d["forward"] = timing.replaced  # the module's own forward attribute, as it was
+
+
+def _instrument_module(module: Any, name: str) -> Any:
+    d = module.__dict__
+    if _ATTR_STATE in d:
+        return module  # already instrumented
+    replaced = d.get("forward", _ABSENT)
+    ref = weakref.ref(module)
+
+    def on_cuda() -> bool:
+        # read through the module (every DEVICE_CHECK_EVERY calls): a parameter
+        # replaced since, or a module moved, is seen
+        m = ref()
+        p = None if m is None else _first_parameter(m)
+        return bool(p is not None and p.is_cuda)
+
+    bound = module.forward
+    if replaced is _ABSENT and isinstance(bound, types.MethodType) and bound.__self__ is module:
+        # the class's forward, run on the module the weak reference gives
+        timed = _make_timed(bound.__func__, on_cuda, ref)
+        try:
+            # `__wrapped__` is the class's function (with `self`): say the bound
+            # method's signature, which libraries inspect (accepted keyword arguments)
+            timed.__signature__ = inspect.signature(bound)  # type: ignore[attr-defined]
+        except (TypeError, ValueError):
+            pass  # no signature to say (a builtin): as `inspect` would find none
+    else:
+        # the module's own `forward` attribute (another library's wrapper), or
+        # an unusual descriptor: timed as the callable it is
+        timed = _make_timed(bound, on_cuda)
+    d[_ATTR_STATE] = _ModuleTiming(name, replaced, timed)
+    d["forward"] = timed
+    d["__getstate__"] = functools.partial(_getstate, ref)
+    d["__deepcopy__"] = functools.partial(_deepcopy, ref)
+    return module
 
 
 def instrument_model(model_or_callable: Any, name: str = "forward") -> Any:
@@ -202,23 +404,14 @@ def instrument_model(model_or_callable: Any, name: str = "forward") -> Any:
     Inside `engine_step()` the time goes to the step, else to the current
     request (`tokentrace.forward.host_us` / `gpu_us` / `count` on its span);
     outside both the call runs untimed.  `name` is for the reader only.
+
+    A module's timed `forward` holds the module weakly (no reference cycle);
+    a deep copy of it is instrumented on its own; pickling it (`torch.save`)
+    saves it as if it were not instrumented.
     """
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(model_or_callable, torch.nn.Module):
-        module = model_or_callable
-        if _ATTR_ORIGINAL in module.__dict__:
-            return module  # already instrumented
-        original = module.forward
-        param_holder = [_first_parameter(module)]
-
-        def on_cuda() -> bool:
-            p = param_holder[0]
-            return bool(p is not None and p.is_cuda)
-
-        module.__dict__[_ATTR_ORIGINAL] = original
-        module.forward = _make_timed(original, on_cuda)
-        module._tokentrace_forward_name = name
-        return module
+        return _instrument_module(model_or_callable, name)
     if not callable(model_or_callable):
         raise TypeError(
             f"instrument_model needs a torch.nn.Module or a callable, not {type(model_or_callable)!r}"
@@ -241,9 +434,16 @@ def instrument_model(model_or_callable: Any, name: str = "forward") -> Any:
 def uninstrument_model(model_or_callable: Any) -> Any:
     """Undoes `instrument_model`: gives the module with its own forward, or the original callable."""
     d = getattr(model_or_callable, "__dict__", {})
-    if _ATTR_ORIGINAL in d:
-        del d[_ATTR_ORIGINAL]
-        d.pop("forward", None)
-        d.pop("_tokentrace_forward_name", None)
+    timing = d.get(_ATTR_STATE)
+    if isinstance(timing, _ModuleTiming):
+        if d.get("forward") is not timing.timed:
+            # another library wrapped the timed forward since: taking it out would
+            # take theirs out too (an offloading hook, say)
+            log_once(
+                "uninstrument_model: the module's forward was replaced after instrument_model",
+                detail=" (left instrumented)",
+            )
+            return model_or_callable
+        _strip(d, timing)
         return model_or_callable
     return getattr(model_or_callable, "__wrapped__", model_or_callable)

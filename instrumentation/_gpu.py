@@ -11,6 +11,7 @@ nothing is sent.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import urllib.request
@@ -311,6 +312,21 @@ def _send(endpoint: str, protocol: str, body: Any) -> None:
 
 
 _active: GpuSampler | None = None
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the sampler's threads, and its NVML handle and ring
+    lock are the parent's (a lock held at the fork would hang the child's span building
+    in `gpu_summary`): the child starts without a sampler."""
+    global _active
+    sampler, _active = _active, None
+    if sampler is not None:
+        sampler._ring_lock = threading.Lock()
+        sampler._threads = []
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def start_gpu_sampler(

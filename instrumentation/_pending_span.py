@@ -18,6 +18,7 @@ host's own provider or another sampler, spans start at once as before.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -36,6 +37,17 @@ _SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
 #: one lock for all pending spans: what they record is rare (errors, late
 #: attributes) and a lock per request would be made on the hot path
 _ops_lock = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    # another thread may have held it at the fork (a request's late attribute
+    # or error): the child's first one would wait forever
+    global _ops_lock
+    _ops_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 def _nothing() -> None:

@@ -65,12 +65,14 @@ _prefix = _id_prefix()
 
 
 def _new_prefix_after_fork() -> None:
-    global _prefix, _ids
+    global _prefix, _ids, _lazy_lock
     _prefix = _id_prefix()
     _ids = itertools.count(1)
+    _lazy_lock = threading.Lock()  # another thread may have held it at the fork
 
 
-os.register_at_fork(after_in_child=_new_prefix_after_fork)
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_new_prefix_after_fork)
 
 
 def _new_request_id() -> str:
@@ -85,6 +87,39 @@ def _text_carrier(headers: Mapping[Any, Any]) -> dict[str, str]:
         return value.decode("latin-1") if isinstance(value, bytes) else str(value)
 
     return {text(k).lower(): text(v) for k, v in headers.items()}
+
+
+def _parent_from_headers(headers: Any) -> otel_context.Context | None:
+    """Gives the trace context a W3C `traceparent` in the incoming `headers` continues.
+
+    `headers` is a mapping or (name, value) pairs, names matched case-insensitively
+    (HTTP header names are), bytes as raw ASGI headers have them.  Headers that
+    cannot be read are the SDK's to log (once): the request starts a new trace.
+    """
+    try:
+        if not headers:
+            return None
+        carrier = headers if headers.__class__ is dict else dict(headers)
+        value = carrier.get("traceparent")
+        if value.__class__ is not str:  # not the usual: lower-case text
+            if value is not None or b"traceparent" in carrier:  # bytes (raw ASGI headers)
+                named = True
+            else:  # another case (`TRACEPARENT`), or none
+                try:
+                    named = "traceparent" in map(str.lower, carrier)  # C-speed, no copy
+                except TypeError:  # names that are not all text
+                    named = True
+            if named:
+                carrier = _text_carrier(carrier)
+        return _propagator.extract(carrier=carrier)
+    except Exception as exc:  # the SDK's own failure must never reach the host
+        # the type only: a header's value may be a credential
+        log_once(
+            "request(headers=...): the trace context could not be read",
+            detail=f" ({type(exc).__name__} from {type(headers).__name__} headers; "
+            "the request starts a new trace)",
+        )
+        return otel_context.Context()  # as headers without a traceparent: a new trace
 
 
 def add_identity(
@@ -140,7 +175,7 @@ class RequestTrace(DeviceTally):
         model: str | None = None,
         tenant: str | None = None,
         traffic_class: str | None = None,
-        headers: Mapping[str, str] | None = None,
+        headers: Mapping[Any, Any] | Iterable[tuple[Any, Any]] | None = None,
         attributes: Mapping[str, Any] | None = None,
     ) -> None:
         if not request_id:
@@ -169,14 +204,7 @@ class RequestTrace(DeviceTally):
         # span is built (by the finisher, off the host's thread), or when asked for.
         self._raw = (name, model, tenant, traffic_class, attributes, cold)
         self._attrs: dict[str, Any] | None = None
-        self._parent = None
-        if headers:
-            carrier = dict(headers)
-            if "traceparent" not in carrier and (
-                b"traceparent" in carrier or "Traceparent" in carrier
-            ):
-                carrier = _text_carrier(carrier)  # raw ASGI headers (bytes), or Title-Case
-            self._parent = _propagator.extract(carrier=carrier)
+        self._parent = None if headers is None else _parent_from_headers(headers)
         self._span: trace.Span | None = None
         if tracing.pending_ids is None:  # the host's own provider or sampler: at once
             self._span = tracing.tracer.start_span(
@@ -466,9 +494,11 @@ add_flush_hook(lambda: finisher.flush())  # late-bound: tests swap the finisher
 
 #: `tt.request(name=..., *, request_id=, model=, tenant=, traffic_class=, headers=,
 #: attributes=)` gives a new request trace; use it as a context manager or call
-#: `finish()`.  `headers` are the incoming HTTP headers: a W3C `traceparent` in
-#: them makes the request span the child of the caller's client span.  The class
-#: itself, not a factory function: one Python call less per request.
+#: `finish()`.  `headers` are the incoming HTTP headers (a mapping or (name, value)
+#: pairs; names in any case, text or bytes): a W3C `traceparent` in them makes the
+#: request span the child of the caller's client span; headers it cannot read are
+#: logged once and the request starts a new trace.  The class itself, not a
+#: factory function: one Python call less per request.
 request = RequestTrace
 
 

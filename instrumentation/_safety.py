@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
 logger = logging.getLogger("tokentrace")
 _seen: set[str] = set()
 _seen_lock = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    # another thread may have held it at the fork: the child would wait forever
+    global _seen_lock
+    _seen_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 def log_once(site: str, exc: BaseException | None = None, detail: str = "") -> None:
