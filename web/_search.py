@@ -52,7 +52,21 @@ def search_data(
     """Gives one page of matching requests, the total count and the next page's cursor.
 
     `report` is the diagnosis of `p.view` whose findings a `complaint` filter reads (the
-    caller waits for it: `ReportCache.wait`); None or {} when it is not ready: no finding."""
+    caller waits for it: `ReportCache.wait`); None or {} when it is not ready: no finding.
+
+    The page, its total and its window's anchor are read in one snapshot (a read
+    transaction): under a live collector a commit between the queries gave "3 requests"
+    over an empty page."""
+    cur.execute("BEGIN TRANSACTION")
+    try:
+        return _search(cur, p, report)
+    finally:
+        cur.execute("ROLLBACK")  # a read: nothing to keep (also ends one a timeout aborted)
+
+
+def _search(
+    cur: duckdb.DuckDBPyConnection, p: SearchParams, report: dict[str, Any] | None
+) -> dict[str, Any]:
     schema = table_columns(cur, "requests")
     if p.sort not in schema:
         raise ParamError(f"sort column {p.sort!r} is not in this database's requests table")
