@@ -38,6 +38,11 @@ SATURATED_QUEUE_SHARE = 0.5
 MIN_SATURATED_SLICE_FRACTION = 2 / 3
 #: ... and the median request waits long enough for a person to notice
 MIN_SATURATED_WAIT_MS = 250.0
+#: A short window (a load test's burst: 100 requests sent in two seconds, then seconds
+#: of draining) has fewer than MIN_SLICES slices with arrivals, too few for a peak's
+#: contrast; with this many requests the same tests still tell a saturated server (a
+#: newcomer's first run read "stutter" alone over ten seconds of queueing).
+MIN_SHORT_WINDOW_REQUESTS = 50
 #: the median wait of the last fifth of arrivals over the first fifth that says the backlog grows
 GROWING_WAIT_RATIO = 1.5
 
@@ -121,22 +126,27 @@ def _saturated(ctx: Context, cls: str | None) -> Finding | None:
     bar = MIN_BUSY_QUEUE_SHARE
     s = ctx.one("diag_saturation", [cls, cls, ctx.slice_ns, bar, bar, bar])
     slices, dominated = int(s.get("slices") or 0), int(s.get("dominated") or 0)
-    if slices < MIN_SLICES:
+    if not slices or (slices < MIN_SLICES and int(s.get("n") or 0) < MIN_SHORT_WINDOW_REQUESTS):
         return None
     share, request_share = float(s["queue_share"] or 0.0), float(s["request_share_p50"] or 0.0)
     covered = dominated / slices
     wait_p50 = float(s["queue_wait_p50"] or 0.0)
+    # a short window's burst: the first arrivals are served at once, the later ones wait,
+    # so the slices split; the median request's share says it instead
+    short = slices < MIN_SLICES
     if (
         share < SATURATED_QUEUE_SHARE
         or request_share < SATURATED_QUEUE_SHARE
-        or covered < MIN_SATURATED_SLICE_FRACTION
+        or (not short and covered < MIN_SATURATED_SLICE_FRACTION)
         or wait_p50 < MIN_SATURATED_WAIT_MS
     ):
         return None
     label = ctx.slice_label()
     slice_s = ctx.slice_ns / 1e9
     median = f"median slice {pct(s['slice_share_p50'])}"
-    if dominated == slices:
+    if short:
+        where = ""
+    elif dominated == slices:
         where = f"every one of the window's {slices} {label} ({median})"
         when = "all the time, with no quiet slices to compare the busy ones with"
     else:
@@ -148,10 +158,17 @@ def _saturated(ctx: Context, cls: str | None) -> Finding | None:
     span = max(float(s["span_ms"] or 0.0), 1e-9)
     waiting = float(s["queue_wait_total"] or 0.0) / span
     served = float(s["compute_total"] or 0.0) / span
+    text = (
+        f"queue wait is {pct(share)} of E2E (of the median request's, {pct(request_share)}) for "
+        f"{int(s['n'] or 0)} requests arriving within {slices} {label}, too few to compare busy "
+        "slices with quiet ones: the server took in more work than it could serve at once"
+        if short
+        else f"queue wait is {pct(share)} of E2E, and at least {pct(bar)} in {where}: "
+        f"the server accepts more work than it serves {when}"
+    )
     evidence = [
         ev(
-            f"queue wait is {pct(share)} of E2E, and at least {pct(bar)} in {where}: "
-            f"the server accepts more work than it serves {when}",
+            text,
             queue_share=share, request_queue_share_p50=request_share, slices=slices,
             queue_dominated_slices=dominated, slice_seconds=slice_s,
             slice_queue_share_p50=s["slice_share_p50"],
@@ -174,7 +191,7 @@ def _saturated(ctx: Context, cls: str | None) -> Finding | None:
     strength = (
         (share - SATURATED_QUEUE_SHARE) / 0.1
         + (request_share - SATURATED_QUEUE_SHARE) / 0.1
-        + (covered - MIN_SATURATED_SLICE_FRACTION) / 0.1
+        + (0.0 if short else (covered - MIN_SATURATED_SLICE_FRACTION) / 0.1)
         + max(0.0, wait_p50 / compute - 1.0)
     )
     total = max(float(s["e2e_total"] or 0.0), 1e-9)
@@ -182,7 +199,8 @@ def _saturated(ctx: Context, cls: str | None) -> Finding | None:
         COMPLAINT,
         confidence(strength, int(s["n"] or 0)),
         # the queue-dominated slices hold the requests it touches: nearly the whole window
-        impact=float(s["dominated_e2e"] or 0.0) / total,
+        # (a short window's: its queue-dominated requests, the median one among them)
+        impact=request_share if short else float(s["dominated_e2e"] or 0.0) / total,
         evidence=evidence,
         affected_trace_ids=affected,
         example_traces=examples,

@@ -120,6 +120,35 @@ def test_a_server_overloaded_throughout_leads_with_its_queue(write_workload) -> 
     assert "bad_in_production" not in _by_complaint(findings)
 
 
+def test_a_load_tests_burst_is_told_by_its_queue_too(write_workload) -> None:  # type: ignore[no-untyped-def]
+    """The newcomer's first run as it was: 100 requests sent within two seconds and 60
+    more a few seconds later, drained by two slots for seconds: arrivals in a handful of
+    slices, too few for a peak's contrast, and the queue most of every request."""
+    rng = random.Random(33)
+    server = Server(slots=2, prefill_ms_per_token=0.5, prefill_base_ms=20.0, tpot_ms=20.0, jitter=0.1)
+    reqs = _load_test(rng, 2, 50, (80, 120))
+    later = _load_test(rng, 2, 30, (80, 120))
+    for r in later:
+        r.arrival_ns += 12 * S
+    reqs += later
+    serve(rng, reqs, server)
+    report = build_report(write_workload(Workload(summarize(rng, reqs), raw=reqs)))
+    findings = report["findings"]
+    assert findings and findings[0]["complaint"] == "peak_hours", findings
+    first = findings[0]["evidence"][0]
+    assert first["slices"] < peak_hours.MIN_SLICES and first["queue_share"] > 0.5
+    assert findings[0]["fix_first"].startswith("Add capacity")
+
+
+def test_a_short_window_of_few_requests_says_nothing_of_saturation(write_workload) -> None:  # type: ignore[no-untyped-def]
+    rng = random.Random(34)
+    server = Server(slots=2, prefill_ms_per_token=0.5, prefill_base_ms=20.0, tpot_ms=20.0, jitter=0.1)
+    reqs = _load_test(rng, 1, 30, (80, 120))  # 30 requests: below the short window's bar
+    serve(rng, reqs, server)
+    report = build_report(write_workload(Workload(summarize(rng, reqs), raw=reqs)))
+    assert "peak_hours" not in _by_complaint(report["findings"])
+
+
 def test_seconds_of_queueing_outrank_117_ms_hiccups(write_workload) -> None:  # type: ignore[no-untyped-def]
     findings = build_report(write_workload(overloaded_cpu_server()))["findings"]
     found = _by_complaint(findings)
