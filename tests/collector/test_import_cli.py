@@ -10,7 +10,6 @@ from pathlib import Path
 
 from traces import request_trace, to_json
 
-
 #: a trace id whose 56 random bits are 0: the baseline (kept from the top of the
 #: randomness down) never keeps it, so "0 traces kept whole" holds every run, not 98 %
 UNREMARKABLE = "1" * 18 + "0" * 14
