@@ -23,6 +23,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
+from test_hardening_gpu_samples import _export as gpu_export
 
 from tokentrace.instrumentation import semconv as sc
 
@@ -47,23 +48,7 @@ STORED = [(0, TS, 55.0, 1410.0, 250.5, 2**33)]
 
 
 def _protobuf(points: list[tuple[str, int, float | int]]) -> ExportMetricsServiceRequest:
-    req = ExportMetricsServiceRequest()
-    rm = req.resource_metrics.add()
-    kv = rm.resource.attributes.add()
-    kv.key, kv.value.string_value = sc.SERVICE_NAME, "worker"
-    sm = rm.scope_metrics.add()
-    for name, gpu, value in points:
-        metric = sm.metrics.add()
-        metric.name = name
-        dp = metric.gauge.data_points.add()
-        dp.time_unix_nano = TS
-        if isinstance(value, int):
-            dp.as_int = value
-        else:
-            dp.as_double = value
-        kv = dp.attributes.add()
-        kv.key, kv.value.int_value = sc.GPU_INDEX, gpu
-    return req
+    return gpu_export([(name, gpu, value, TS) for name, gpu, value in points])
 
 
 def _json_value(value: float | int) -> dict[str, Any]:
