@@ -29,13 +29,21 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 sys.path.insert(0, str(Path(__file__).parent))
 from otlp_load import SPANS_PER_TRACE, build_payloads, send  # noqa: E402
 
+_given_ports: set[int] = set()
+
 
 def free_port() -> int:
+    """A free loopback port, never one given before: the kernel may hand a just-closed port
+    straight back, and serve refuses two of its servers on one port."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _given_ports:
+            _given_ports.add(port)
+            return port
 
 
 def metric(text: str, name: str) -> float:

@@ -15,12 +15,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+_given_ports: set[int] = set()
+_given_lock = threading.Lock()
+
 
 def free_port() -> int:
-    """Gives a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """Gives a TCP port on 127.0.0.1 that was free a moment ago, never the same one twice in a
+    test process: the kernel may hand a just-closed port straight back, and a test that asks
+    for three ports in a row once started `serve` with its OTLP/HTTP and web ports equal."""
+    with _given_lock:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in _given_ports:
+                _given_ports.add(port)
+                return port
 
 
 def wait_for_port(port: int, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:

@@ -1,0 +1,37 @@
+"""The test kit's own promises: the ports it hands out never repeat in one test process."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+import tt_testkit
+
+
+class _KernelGivingBackTheSamePort:
+    """A socket whose `bind(0)` gets the ports listed, as a kernel that reuses a just-closed
+    port does (the flake CI saw: `serve` started with http_port == web_port)."""
+
+    ports = [40001, 40001, 40001, 40002, 40003]
+
+    def __init__(self, *args: Any) -> None:
+        self.port = 0
+
+    def __enter__(self) -> _KernelGivingBackTheSamePort:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def bind(self, address: tuple[str, int]) -> None:
+        self.port = self.ports.pop(0)
+
+    def getsockname(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+
+def test_free_port_never_gives_a_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tt_testkit, "_given_ports", set())
+    monkeypatch.setattr(socket, "socket", _KernelGivingBackTheSamePort)
+    assert [tt_testkit.free_port(), tt_testkit.free_port(), tt_testkit.free_port()] == [40001, 40002, 40003]
