@@ -426,9 +426,60 @@ def instrument_model(model_or_callable: Any, name: str = "forward") -> Any:
         return bool(t is not None and t.cuda.is_initialized())
 
     timed = _make_timed(model_or_callable, cuda_in_use)
+    if isinstance(model_or_callable, types.MethodType):
+        # `model.prefill = tt.instrument_model(model.prefill)`: the timed method becomes
+        # an attribute of its own instance, which must still copy and save as one
+        return _TimedMethod(model_or_callable, timed, name)
     timed.__tokentrace_timed__ = True  # type: ignore[attr-defined]
     timed.__tokentrace_name__ = name  # type: ignore[attr-defined]
     return timed
+
+
+class _TimedMethod:
+    """A bound method timed by `instrument_model`, that copies and pickles as the method does.
+
+    Assigned back to its instance (`model.prefill = tt.instrument_model(model.prefill)`),
+    a plain timed function would stay bound to the original: a deep copy of the model
+    (an EMA or draft model) would silently run the original's weights, and pickling
+    (`torch.save`) would fail on the function.  Python deep-copies a bound method by
+    deep-copying its instance; so does this, timed again on the copy.  Pickled, it is
+    the plain bound method (loading needs no tokentrace).
+    """
+
+    __tokentrace_timed__ = True
+
+    def __init__(self, method: types.MethodType, timed: Callable[..., Any], name: str) -> None:
+        functools.update_wrapper(self, method)  # __wrapped__, __name__, __doc__: as the method
+        self._timed = timed
+        self.__tokentrace_name__ = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(*args, **kwargs)
+
+    @property
+    def __self__(self) -> Any:
+        return self.__wrapped__.__self__
+
+    @property
+    def __func__(self) -> Any:
+        return self.__wrapped__.__func__
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        method = self.__wrapped__
+        # copying the instance that holds this, the copy is in `memo` already
+        owner = copy.deepcopy(method.__self__, memo)
+        if owner is method.__self__:  # a class, a module: copied as itself
+            return self
+        return instrument_model(types.MethodType(method.__func__, owner), self.__tokentrace_name__)
+
+    def __copy__(self) -> _TimedMethod:
+        return self
+
+    def __reduce__(self) -> Any:
+        return self.__wrapped__.__reduce__()  # `getattr(instance, name)`: the method, untimed
+
+    def __repr__(self) -> str:
+        return f"<timed {self.__wrapped__!r}>"
 
 
 def uninstrument_model(model_or_callable: Any) -> Any:
