@@ -101,6 +101,8 @@ class StepRecorder(QueueFlusher["_StepRecord | EngineStep"]):
                     self._items.appendleft(item)  # keep order: later steps wait too
                     break
                 batch.append(rec)
+            if get_tracing().settings.disabled:
+                return len(batch)  # nothing is exported: no spans built for nothing
             for i in range(0, len(batch), MAX_STEPS_PER_SPAN):
                 self._emit(batch[i : i + MAX_STEPS_PER_SPAN])
                 if not final:
