@@ -8,6 +8,12 @@ A decision thread ticks and decides, oldest first:
 - traces whose root ended `grace` ago.  The root is the span without a parent,
   or a SERVER span whose parent is not in the trace (a `traceparent` from an
   uninstrumented client, or vLLM's `llm_request` under a gateway);
+- traces rooted in an LLM client span whose server side has not come: `server_wait`
+  after the root, or `grace` after the server's spans come.  The client and the
+  server are two processes that export on their own schedules: tokentrace's SDK
+  every 0.5 s, vLLM's (OpenTelemetry's default) every 5 s, so the user's client
+  span often comes seconds before the engine's; decided at `grace`, the request
+  would read as client-only and the engine's spans would come too late to count;
 - traces that waited `decision_wait` (their root never came);
 - when the buffer passes its high-water mark, the oldest traces, early (counted).
 It summarizes every request in them (kept or not), asks the sampler whether to
@@ -26,7 +32,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tokentrace.analyzer.attribution import TraceResult, summarize_trace
+from tokentrace.analyzer.conventions.genai_client import _is_llm_client as is_llm_client
 from tokentrace.analyzer.spans import KIND_SERVER, Span
+from tokentrace.analyzer.summary import FLAG_SERVER_UNSEEN
 from tokentrace.collector.decode_pool import limit_export_steps, note_dropped_steps
 from tokentrace.collector.packed import PackedTrace
 from tokentrace.collector.refusals import RefusalEpisodes
@@ -219,6 +227,29 @@ def _late_is_new(ids: bytearray, span_id: str) -> bool:
     return True
 
 
+def _awaits_server(p: _Pending) -> bool:
+    """Whether the trace holds an LLM client span with no SERVER span below it: a request
+    whose server side has not come (yet, or ever: an uninstrumented server)."""
+    packed = p.packed
+    if packed is not None and packed.pre is not None:
+        # the decode worker's summary says it, without unpacking the spans; spans
+        # that came since are the server's when one of them is a SERVER span
+        if any(s.kind == KIND_SERVER for s in p.spans):
+            return False
+        return any(FLAG_SERVER_UNSEEN in r.flags for r in packed.pre.requests)
+    spans = p.all_spans()
+    by_id = {s.span_id: s for s in spans}
+    served: set[str] = set()  # spans with a SERVER span below them
+    for s in spans:
+        if s.kind == KIND_SERVER:
+            parent = s.parent_span_id
+            # each span marked once: linear, and a loop of parent ids ends at a marked one
+            while parent and parent not in served and parent in by_id:
+                served.add(parent)
+                parent = by_id[parent].parent_span_id
+    return any(s.span_id not in served and is_llm_client(s) for s in spans)
+
+
 def _held_ids(p: _Pending) -> set[str]:
     """The span ids of the pending trace that a root candidate's parent may be among."""
     if p.packed is not None and not p.spans:
@@ -239,6 +270,7 @@ class Pipeline:
         max_buffered_spans: int = 200_000,
         max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES,
         grace_s: float = 2.0,
+        server_wait_s: float = 0.0,
         decision_wait_s: float = 30.0,
         decision_cache_size: int = 100_000,
         tick_s: float = 0.1,
@@ -254,6 +286,7 @@ class Pipeline:
         self._max_spans = max_buffered_spans
         self._max_bytes = max_buffered_bytes
         self._grace_ns = int(grace_s * 1e9)
+        self._server_wait_ns = int(server_wait_s * 1e9)
         self._wait_ns = int(decision_wait_s * 1e9)
         self._cache_size = decision_cache_size
         self._tick_s = tick_s
@@ -269,6 +302,10 @@ class Pipeline:
         # (receive time, trace id, parent span id or "" for a parentless root),
         # in receive order, so the ready ones are always at the front
         self._roots: deque[tuple[int, str, str]] = deque()
+        # (receive time of the root, trace id) of the traces waiting for their server
+        # side (`_awaits_server`), in receive order; and their ids
+        self._awaiting: deque[tuple[int, str]] = deque()
+        self._awaiting_ids: set[str] = set()
         self._late: list[Span] = []
         self._buffered = 0
         #: what the buffered traces are reckoned to weigh (`_Pending.nbytes`)
@@ -559,6 +596,7 @@ class Pipeline:
     # ---- decision side --------------------------------------------------------
     def _take(self, trace_id: str, out: list[tuple[str, _Pending]]) -> None:
         p = self._pending.pop(trace_id)
+        self._awaiting_ids.discard(trace_id)
         self._buffered -= p.size()
         self._bytes -= p.nbytes
         out.append((trace_id, p))
@@ -572,14 +610,17 @@ class Pipeline:
                 for trace_id in list(pending):
                     self._take(trace_id, ready)
                 self._roots.clear()
+                self._awaiting.clear()
                 return ready, 0
             roots = self._roots
             grace = self._grace_ns
+            awaiting, awaiting_ids = self._awaiting, self._awaiting_ids
+            server_wait = self._server_wait_ns
             # the span ids of each trace looked into, once a round: a trace of n SERVER
             # spans has n root candidates, and each scanning its spans is n^2 under the lock
             held: dict[str, set[str]] = {}
             while roots and now - roots[0][0] >= grace:
-                _, trace_id, parent = roots.popleft()
+                received, trace_id, parent = roots.popleft()
                 p = pending.get(trace_id)
                 if p is None:
                     continue  # decided already
@@ -587,9 +628,18 @@ class Pipeline:
                     ids = held.get(trace_id)
                     if ids is None:
                         ids = held[trace_id] = _held_ids(p)
-                    if parent in ids:
+                    if parent in ids and trace_id not in awaiting_ids:
                         continue  # a SERVER span under a span we have: not the root
+                    # (under the client span that waited for it: the server side came)
+                elif server_wait > grace and _awaits_server(p):
+                    awaiting.append((received, trace_id))
+                    awaiting_ids.add(trace_id)
+                    continue
                 self._take(trace_id, ready)
+            while awaiting and now - awaiting[0][0] >= server_wait:
+                trace_id = awaiting.popleft()[1]
+                if trace_id in awaiting_ids:  # (else decided already)
+                    self._take(trace_id, ready)
             wait = self._wait_ns
             while pending:
                 trace_id, p = next(iter(pending.items()))

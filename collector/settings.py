@@ -50,6 +50,7 @@ class CollectorSettings:
     grpc_port: int = 4317
     web_port: int = 8600
     grace_s: float = 2.0
+    server_wait_s: float = 7.0
     decision_wait_s: float = 30.0
     baseline: float = 0.02
     max_buffered_spans: int = 200_000
@@ -87,8 +88,9 @@ class CollectorSettings:
             ports[port] = port_name
         if not 0.0 <= self.baseline <= 1.0:
             raise SettingError(("baseline",), f"baseline must be in [0, 1], got {self.baseline}")
-        if self.grace_s < 0:
-            raise SettingError(("grace_s",), f"grace_s must be >= 0, got {self.grace_s}")
+        for name in ("grace_s", "server_wait_s"):
+            if getattr(self, name) < 0:
+                raise SettingError((name,), f"{name} must be >= 0, got {getattr(self, name)}")
         for name in (
             "decision_wait_s",
             "max_buffered_spans",
@@ -154,6 +156,9 @@ HELP: dict[str, str] = {
     "grpc_port": "OTLP/gRPC port",
     "web_port": "web UI and JSON API port",
     "grace_s": "seconds to wait after a trace's root span ends before deciding",
+    "server_wait_s": "seconds a trace whose LLM client span came without its server side waits"
+    " for the server's spans (vLLM and OpenTelemetry SDKs export every 5 s; tokentrace's every"
+    " 0.5 s) before it is decided without them; 0: only --grace-s",
     "decision_wait_s": "decide traces whose root never ends after this many seconds",
     "baseline": "probability of keeping an unremarkable trace",
     "max_buffered_spans": "bound of the tail buffer; beyond it receivers answer 503",
