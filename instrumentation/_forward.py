@@ -447,6 +447,7 @@ class _TimedMethod:
     """
 
     __tokentrace_timed__ = True
+    __wrapped__: types.MethodType  # set by `functools.update_wrapper`
 
     def __init__(self, method: types.MethodType, timed: Callable[..., Any], name: str) -> None:
         functools.update_wrapper(self, method)  # __wrapped__, __name__, __doc__: as the method

@@ -385,15 +385,18 @@ class RequestTrace(DeviceTally):
                 if span is not None:
                     span.release()
                 return
-            span = self.span
-            if not span.sampled:
-                span.release()  # an unsampled caller's trace: OpenTelemetry would record nothing
-                return
-            try:
-                span = self._span = span.build(tracing.tracer, tracing.pending_ids)
-            except Exception as exc:  # the SDK's own failure must never reach the host
-                log_once("request span build", exc)
-                return
+            pending = self.span
+            if isinstance(pending, PendingSpan):
+                if not pending.sampled:
+                    pending.release()  # an unsampled caller's trace: OpenTelemetry records nothing
+                    return
+                try:
+                    span = self._span = pending.build(tracing.tracer, tracing.pending_ids)
+                except Exception as exc:  # the SDK's own failure must never reach the host
+                    log_once("request span build", exc)
+                    return
+            else:
+                span = pending
         try:
             if span.is_recording():
                 self._emit_children(span, phases)
