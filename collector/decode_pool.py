@@ -1,4 +1,4 @@
-"""Protobuf trace exports decoded in worker processes.
+"""Big trace exports (protobuf or OTLP/JSON) decoded in worker processes.
 
 The collector is bound by the GIL, and turning an export into `Span` records
 (upb wrappers, one per field and attribute) is its largest single cost: ~10 µs
@@ -50,7 +50,7 @@ from tokentrace.analyzer.spans import KIND_SERVER, STATUS_ERROR, Span
 from tokentrace.analyzer.summary import RequestSummary
 from tokentrace.collector.gc_tuning import tune_for_ingest
 from tokentrace.collector.itl_hist import itl_histograms
-from tokentrace.collector.otlp import Rejected, decode_protobuf_partial
+from tokentrace.collector.otlp import Rejected, decode_json_body, decode_protobuf_partial
 from tokentrace.collector.packed import PackedTrace
 from tokentrace.instrumentation import semconv as sc
 
@@ -187,14 +187,17 @@ def note_dropped_steps(dropped: int, service: str) -> None:
         )  # fmt: skip
 
 
-def decode_export(body: bytes) -> tuple[list[WireTrace], Rejected, tuple[int, str, int]]:
+def decode_export(
+    body: bytes, json_body: bool = False
+) -> tuple[list[WireTrace], Rejected, tuple[int, str, int]]:
     """Runs in the worker: the export's valid spans grouped by trace (first-seen
     order, spans in export order) and packed, each with its summary as if the
     export held the whole trace; what was rejected; and what `limit_export_steps`
     dropped (with the service it names), and then the per-span / per-trace caps.
-    Raises OtlpDecodeError for a body that is not an export, like the in-process path."""
+    `json_body`: the body is OTLP/JSON, else protobuf.  Raises OtlpDecodeError for
+    a body that is not an export, like the in-process path."""
     capped_before = dropped_steps()
-    spans, rejected = decode_protobuf_partial(body)
+    spans, rejected = decode_json_body(body) if json_body else decode_protobuf_partial(body)
     dropped, service = limit_export_steps(spans)
     by_trace: dict[str, list[Span]] = {}
     for span in spans:
@@ -271,7 +274,8 @@ def _init_worker(parent_pid: int, itl_bounds_ms: tuple[float, ...]) -> None:
 
 
 class DecodePool:
-    """`await pool.decode(body)` gives what `decode_protobuf_partial(body)` gives."""
+    """`await pool.decode(body)` gives what `decode_protobuf_partial(body)` gives
+    (`decode_json_body(body)` with `json_body=True`)."""
 
     def __init__(
         self,
@@ -313,22 +317,28 @@ class DecodePool:
                 self.worker_restarts += 1  # once per broken pool, however many decodes saw it
         broken.shutdown(wait=False, cancel_futures=True)
 
-    async def decode(self, body: bytes) -> tuple[list[Span] | list[PackedTrace], Rejected]:
+    async def decode(
+        self, body: bytes, json_body: bool = False
+    ) -> tuple[list[Span] | list[PackedTrace], Rejected]:
         """Gives the export's spans (a list of `Span`, or of `PackedTrace` when a
-        worker decoded it; `Pipeline.offer` takes either) and what was rejected."""
-        if self._closed or len(body) < self.min_bytes:
-            return decode_protobuf_partial(body)
+        worker decoded it; `Pipeline.offer` takes either) and what was rejected.
+        `json_body`: the body is OTLP/JSON, else protobuf."""
+        decode_here = decode_json_body if json_body else decode_protobuf_partial
+        if len(body) < self.min_bytes:
+            return decode_here(body)
+        if self._closed:  # never a big body on the event loop
+            return await asyncio.to_thread(decode_here, body)
         pool = self._pool()
         try:
             wire, rejected, (dropped, service, capped) = await asyncio.get_running_loop().run_in_executor(
-                pool, decode_export, body
+                pool, decode_export, body, json_body
             )
         except BrokenProcessPool:
             # a worker died (OOM killer, kill): decode here, start a new pool next time
             logger.warning("tokentrace: a decode worker died; decoding in-process")
             self.fallbacks += 1
             self._replace(pool)
-            return decode_protobuf_partial(body)
+            return await asyncio.to_thread(decode_here, body)
         self.offloaded += 1
         # counted here: the worker's own counts would never reach /metrics
         if dropped:

@@ -1,10 +1,23 @@
-"""OTLP/gRPC receiver: `TraceService/Export` and `MetricsService/Export`.
+"""OTLP/gRPC receiver: `TraceService/Export`, `MetricsService/Export` and
+`LogsService/Export` (log records are counted, not stored: `otlp_logs`).
 
 Status codes follow the OTLP spec so exporters retry what is retryable:
 UNAVAILABLE under backpressure (the OTel exporters back off and retry),
 INVALID_ARGUMENT for bad data (not retried), RESOURCE_EXHAUSTED for messages
 over `max_body_bytes` (grpc enforces the receive limit itself), and a partial
-success when only some spans were rejected.
+success when only some spans were rejected.  Messages may be compressed with
+gzip or deflate (what grpc takes; it refuses others, e.g. zstd, itself).
+
+Exports beyond the worker threads wait for one, however many come at once:
+grpc's own bound (`maximum_concurrent_rpcs`) answers the excess with
+RESOURCE_EXHAUSTED and no RetryInfo, which OTLP clients (the OpenTelemetry
+Collector) take as permanent and drop the data.  A waiting export holds no
+decoded data (the message is read when a worker takes it) and, with grpc's
+BDP probing off, no more of its message than HTTP/2's initial stream window
+(64 KiB): with probing on, grpc grew the windows to whole messages, and 80
+waiting 8 MiB exports held ~600 MB.  What a waiting export costs is then the
+sender's, which holds its batch anyway; once decoded, the pipeline's bounds
+apply (UNAVAILABLE + RetryInfo).
 
 Under backpressure the UNAVAILABLE carries a `google.rpc.RetryInfo` (OTLP/gRPC
 Throttling: the server tells the client how long to wait) in the places clients
@@ -30,6 +43,7 @@ from google.protobuf.any_pb2 import Any as AnyProto
 from google.protobuf.duration_pb2 import Duration
 from google.rpc.error_details_pb2 import RetryInfo
 from google.rpc.status_pb2 import Status
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
@@ -37,6 +51,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from tokentrace._loopback import host_port
 from tokentrace.collector.otlp import OtlpDecodeError, parse_trace_request, spans_from_request
+from tokentrace.collector.otlp_logs import logs_from_request, logs_reply, parse_logs_request
 from tokentrace.collector.otlp_metrics import gpu_rows_from_request, parse_metrics_request
 from tokentrace.collector.pipeline import REFUSED_WRITER_BEHIND, Pipeline
 from tokentrace.collector.self_metrics import CollectorMetrics
@@ -48,6 +63,7 @@ RETRY_AFTER_S = 1
 
 TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
+LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"
 
 
 def _abort_retry_later(context: grpc.ServicerContext, message: str) -> None:
@@ -125,6 +141,24 @@ class _MetricsService:
         return reply
 
 
+class _LogsService:
+    """Takes log exports and answers that their records are not stored (`otlp_logs`)."""
+
+    def __init__(self, metrics: CollectorMetrics) -> None:
+        self._m = metrics
+
+    def Export(  # noqa: N802 - the generated servicer's name
+        self, body: bytes, context: grpc.ServicerContext
+    ) -> ExportLogsServiceResponse:
+        try:
+            export = logs_from_request(parse_logs_request(body))
+        except (OtlpDecodeError, ValueError) as exc:
+            self._m.exports_refused.labels("grpc", "INVALID_ARGUMENT").inc()
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        self._m.note_log_records("grpc", export.records, export.service)
+        return logs_reply(export.records)
+
+
 def _export_handler(service: str, export: Any) -> grpc.GenericRpcHandler:
     """The service's Export method on raw request bytes (no request_deserializer)."""
     return grpc.method_handlers_generic_handler(
@@ -145,20 +179,24 @@ def start_grpc_server(
     metrics: CollectorMetrics | None = None,
     workers: int = 4,
 ) -> tuple[Any, int]:
-    """Starts the OTLP/gRPC server; gives it and the bound port (`port` 0 picks one)."""
+    """Starts the OTLP/gRPC server; gives it and the bound port (`port` 0 picks one).
+    `workers` exports are handled at once; more wait for a worker (see the module's doc)."""
     m = metrics if metrics is not None else pipeline.metrics
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokentrace-grpc"),
         options=[
             ("grpc.max_receive_message_length", max_body_bytes),
             ("grpc.so_reuseport", 0),
+            # a waiting export then holds its initial stream window, not its whole message
+            ("grpc.http2.bdp_probe", 0),
         ],
-        maximum_concurrent_rpcs=workers * 8,
+        # no maximum_concurrent_rpcs: grpc would refuse the excess without RetryInfo
     )
     server.add_generic_rpc_handlers(
         (
             _export_handler(TRACE_SERVICE, _TraceService(pipeline, m).Export),
             _export_handler(METRICS_SERVICE, _MetricsService(pipeline, m).Export),
+            _export_handler(LOGS_SERVICE, _LogsService(m).Export),
         )
     )
     target = host_port(host, port)

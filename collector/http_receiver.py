@@ -1,24 +1,31 @@
-"""OTLP/HTTP receiver: POST /v1/traces and /v1/metrics (protobuf or JSON, optionally
-gzip), the collector's Prometheus `/metrics` and its readiness `/readyz`.
+"""OTLP/HTTP receiver: POST /v1/traces, /v1/metrics and /v1/logs (protobuf or JSON;
+gzip, deflate, zstd or uncompressed), the collector's Prometheus `/metrics` and its
+readiness `/readyz`.
 
-Answers follow the OTLP/HTTP spec: the reply is in the request's content type;
-400 for bad data, 413 over the size bound, 415 for an unknown type or encoding,
-503 + Retry-After under backpressure, 200 with `partialSuccess` when some spans
-were rejected.
+Answers follow the OTLP/HTTP spec: the reply is in the request's content type, an
+error's body a `google.rpc.Status` (404 and 405 included); 400 for bad data, 413
+over the size bound, 415 for an unknown type or encoding, 503 + Retry-After under
+backpressure, 200 with `partialSuccess` when some spans were rejected (and for
+every log export: log records are counted, not stored, `otlp_logs`).  A path may
+end in `/`: a redirect would not do, OkHttp does not follow a 307 for a POST.
+
+Big bodies are decompressed and decoded off the event loop (a decode worker, else
+a thread), so one big export does not stall the others and `/readyz`.
 """
 
 from __future__ import annotations
 
-import json
-import zlib
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -27,14 +34,22 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tokentrace._loopback import foreign_host, is_loopback, refusal_message
 from tokentrace.analyzer.spans import Span
-from tokentrace.collector.decode_pool import DecodePool
+from tokentrace.collector.content_encoding import BodyError, check_encoding, decompress
+from tokentrace.collector.decode_pool import OFFLOAD_MIN_BYTES, DecodePool
 from tokentrace.collector.otlp import (
     OtlpDecodeError,
     Rejected,
-    decode_json_partial,
+    decode_json_body,
     decode_protobuf_partial,
 )
-from tokentrace.collector.otlp_metrics import decode_metrics_json, decode_metrics_protobuf
+from tokentrace.collector.otlp_logs import (
+    LogsExport,
+    decode_logs_json_body,
+    decode_logs_protobuf,
+    logs_reply,
+    logs_reply_json,
+)
+from tokentrace.collector.otlp_metrics import decode_metrics_json_body, decode_metrics_protobuf
 from tokentrace.collector.packed import PackedTrace, span_count
 from tokentrace.collector.pipeline import REFUSED_WRITER_BEHIND, Pipeline
 from tokentrace.collector.self_metrics import CollectorMetrics
@@ -48,44 +63,23 @@ JSON = "application/json"
 RETRY_AFTER_S = 1
 
 
-#: google.rpc.Code carried in error bodies (protobuf and JSON alike), by HTTP status.
-_GRPC_CODE = {400: 3, 403: 7, 413: 8, 415: 3, 429: 8, 503: 14}
+#: google.rpc.Code carried in error bodies (protobuf and JSON alike), by HTTP status
+#: (404 and 405: UNIMPLEMENTED, as gRPC maps them).
+_GRPC_CODE = {400: 3, 403: 7, 404: 12, 405: 12, 413: 8, 415: 3, 429: 8, 503: 14}
 
+#: Bodies from this size on are decompressed and decoded off the event loop.
+OFF_LOOP_MIN_BYTES = OFFLOAD_MIN_BYTES
 
-class BodyError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def _gunzip(body: bytes, limit: int) -> bytes:
-    """Decompresses with a bound on the output size (no gzip bombs).
-
-    A gzip body may hold several members (RFC 1952; the OTel Collector's Go
-    reader takes them all): each is read, so none is silently dropped, and
-    bytes after the last one that are not a member are an error."""
-    out = bytearray()
-    rest = body
-    while True:
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            # max_length >= 1 here: 0 would mean "no bound"
-            out += d.decompress(rest, limit + 1 - len(out))
-        except zlib.error as exc:
-            what = "data after the gzip stream" if out else "gzip body"
-            raise BodyError(400, f"invalid {what}: {exc}") from exc
-        if len(out) > limit or d.unconsumed_tail:
-            raise BodyError(413, f"decompressed body exceeds {limit} bytes")
-        if not d.eof:
-            raise BodyError(400, "truncated gzip body")
-        rest = d.unused_data
-        if not rest:
-            return bytes(out)
+async def _off_loop(work: Callable[[bytes], T], body: bytes) -> T:
+    """Gives `work(body)`, run in a thread when the body is big (the loop stays free)."""
+    if len(body) < OFF_LOOP_MIN_BYTES:
+        return work(body)
+    return await asyncio.to_thread(work, body)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """Gives the request body, decompressed, within `limit` bytes."""
+    """Gives the request body, decompressed, within `limit` bytes (before and after)."""
+    coding = check_encoding(request.headers.get("content-encoding", ""))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyError(413, f"body exceeds {limit} bytes")
@@ -97,12 +91,9 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise BodyError(413, f"body exceeds {limit} bytes")
         chunks.append(chunk)
     body = b"".join(chunks)
-    encoding = request.headers.get("content-encoding", "").lower()
-    if encoding == "gzip":
-        body = _gunzip(body, limit)
-    elif encoding not in ("", "identity"):
-        raise BodyError(415, f"unsupported Content-Encoding {encoding!r}")
-    return body
+    if not coding:
+        return body
+    return await _off_loop(functools.partial(decompress, coding=coding, limit=limit), body)
 
 
 def _error(status: int, message: str, content_type: str) -> Response:
@@ -127,21 +118,19 @@ def _content_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
-async def _decode(
-    request: Request, max_body_bytes: int, ctype: str, proto: Callable[[bytes], T],
-    json_doc: Callable[[Any], T],
-) -> T:  # fmt: skip
-    """Reads and decodes a body; BodyError / OtlpDecodeError say what is wrong."""
+def _check_content_type(ctype: str) -> None:
     if ctype not in (PROTOBUF, JSON):
         raise BodyError(415, f"Content-Type must be {PROTOBUF} or {JSON}, not {ctype!r}")
+
+
+async def _decode(
+    request: Request, max_body_bytes: int, ctype: str, proto: Callable[[bytes], T],
+    json_body: Callable[[bytes], T],
+) -> T:  # fmt: skip
+    """Reads and decodes a body; BodyError / OtlpDecodeError say what is wrong."""
+    _check_content_type(ctype)
     body = await read_body(request, max_body_bytes)
-    if ctype == PROTOBUF:
-        return proto(body)
-    try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise OtlpDecodeError(f"invalid JSON: {exc}") from exc
-    return json_doc(doc)
+    return await _off_loop(proto if ctype == PROTOBUF else json_body, body)
 
 
 def _partial(reply_type: str, rejected: int, message: str, signal: str) -> Response:
@@ -176,11 +165,13 @@ def make_traces_endpoint(
     async def decode(
         request: Request, ctype: str
     ) -> tuple[list[Span] | list[PackedTrace], Rejected]:
-        if decoder is not None and ctype == PROTOBUF:
-            return await decoder.decode(await read_body(request, max_body_bytes))
-        return await _decode(
-            request, max_body_bytes, ctype, decode_protobuf_partial, decode_json_partial
-        )
+        if decoder is None:
+            return await _decode(
+                request, max_body_bytes, ctype, decode_protobuf_partial, decode_json_body
+            )
+        _check_content_type(ctype)
+        body = await read_body(request, max_body_bytes)
+        return await decoder.decode(body, json_body=ctype == JSON)
 
     refused = m.exports_refused
     received = m.spans_received.labels("http")
@@ -226,7 +217,7 @@ def make_metrics_endpoint(
         reply_type = JSON if ctype == JSON else PROTOBUF
         try:
             result = await _decode(
-                request, max_body_bytes, ctype, decode_metrics_protobuf, decode_metrics_json
+                request, max_body_bytes, ctype, decode_metrics_protobuf, decode_metrics_json_body
             )
         except BodyError as exc:
             m.exports_refused.labels("http", str(exc.status)).inc()
@@ -241,6 +232,59 @@ def make_metrics_endpoint(
         return _partial(reply_type, result.rejected_points, result.message, "metrics")
 
     return otlp_metrics
+
+
+def make_logs_endpoint(
+    max_body_bytes: int, metrics: CollectorMetrics
+) -> Callable[[Request], Awaitable[Response]]:
+    """`POST /v1/logs`: read and counted like any export, answered with a partial
+    success that rejects every record (`otlp_logs`); nothing is stored."""
+
+    async def otlp_logs(request: Request) -> Response:
+        ctype = _content_type(request)
+        reply_type = JSON if ctype == JSON else PROTOBUF
+        try:
+            export: LogsExport = await _decode(
+                request, max_body_bytes, ctype, decode_logs_protobuf, decode_logs_json_body
+            )
+        except BodyError as exc:
+            metrics.exports_refused.labels("http", str(exc.status)).inc()
+            return _error(exc.status, exc.message, reply_type)
+        except OtlpDecodeError as exc:
+            metrics.exports_refused.labels("http", "400").inc()
+            return _error(400, str(exc), reply_type)
+        metrics.note_log_records("http", export.records, export.service)
+        if reply_type == JSON:
+            return JSONResponse(logs_reply_json(export.records))
+        return Response(logs_reply(export.records).SerializeToString(), media_type=PROTOBUF)
+
+    return otlp_logs
+
+
+def make_not_routed_handler(
+    metrics: CollectorMetrics, export_paths: Sequence[str]
+) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """Answers a path without an endpoint (404) or a method it does not take (405)
+    as OTLP wants every 4xx answered: a `google.rpc.Status`, in JSON for a JSON
+    request; a 404 names the `export_paths`.  A POST counts as a refused export (a
+    sender pointed at a wrong path)."""
+
+    async def not_routed(request: Request, exc: Exception) -> Response:
+        status, headers = 404, {}
+        if isinstance(exc, HTTPException):
+            status, headers = exc.status_code, dict(exc.headers or {})
+        path = request.scope["path"]  # as sent: `url.path` reads "//v1/x" as a host
+        if status == 405:
+            message = f"{request.method} is not allowed on {path}; allowed: {headers.get('Allow')}"
+        else:
+            message = f"no endpoint at {path}: OTLP exports go to POST " + ", ".join(export_paths)
+        if request.method == "POST":
+            metrics.exports_refused.labels("http", str(status)).inc()
+        response = _error(status, message, JSON if _content_type(request) == JSON else PROTOBUF)
+        response.headers.update(headers)  # 405's Allow
+        return response
+
+    return not_routed
 
 
 def make_readiness_endpoint(pipeline: Pipeline) -> Callable[[Request], Awaitable[Response]]:
@@ -301,23 +345,28 @@ def create_http_app(
     decoder: DecodePool | None = None,
     bind_host: str = "127.0.0.1",
 ) -> Starlette:
-    """Gives the OTLP/HTTP ASGI app: /v1/traces, /v1/metrics, Prometheus /metrics
-    and the readiness probe /readyz.
+    """Gives the OTLP/HTTP ASGI app: /v1/traces, /v1/metrics, /v1/logs, Prometheus
+    /metrics and the readiness probe /readyz.
 
-    With a `decoder`, big protobuf trace exports are decoded in its worker
-    processes.  Bound to a loopback `bind_host` (the address its own server
-    binds: `--otlp-host`, not the web UI's), it answers only requests whose
-    `Host` names this machine (`LoopbackHostOnly`)."""
+    With a `decoder`, big trace exports are decoded in its worker processes.
+    Bound to a loopback `bind_host` (the address its own server binds:
+    `--otlp-host`, not the web UI's), it answers only requests whose `Host`
+    names this machine (`LoopbackHostOnly`)."""
     m = metrics if metrics is not None else pipeline.metrics
-    traces = make_traces_endpoint(pipeline, max_body_bytes, m, decoder)
+    exports = {
+        "/v1/traces": make_traces_endpoint(pipeline, max_body_bytes, m, decoder),
+        "/v1/metrics": make_metrics_endpoint(pipeline, max_body_bytes, m),
+        "/v1/logs": make_logs_endpoint(max_body_bytes, m),
+    }
+    not_routed = make_not_routed_handler(m, tuple(exports))
     return Starlette(
         routes=[
-            Route("/v1/traces", traces, methods=["POST"]),
-            Route(
-                "/v1/metrics", make_metrics_endpoint(pipeline, max_body_bytes, m), methods=["POST"]
-            ),
+            *(Route(path, endpoint, methods=["POST"]) for path, endpoint in exports.items()),
+            # a trailing slash is served, not redirected (no 307 for a POST)
+            *(Route(path + "/", endpoint, methods=["POST"]) for path, endpoint in exports.items()),
             Route("/metrics", make_prometheus_endpoint(m), methods=["GET"]),
             Route("/readyz", make_readiness_endpoint(pipeline), methods=["GET"]),
         ],
         middleware=[Middleware(LoopbackHostOnly)] if is_loopback(bind_host) else [],
+        exception_handlers={404: not_routed, 405: not_routed},
     )

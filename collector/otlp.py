@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +26,11 @@ class OtlpDecodeError(ValueError):
 
 _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
+#: A root's parent as older exporters write it (opentelemetry-java and -dotnet before
+#: 2021, opentelemetry-cpp, Rust's opentelemetry-otlp in TGI builds): 8 zero bytes where
+#: OTLP says empty.  Read as no parent, else the trace would wait for a parent that never
+#: comes (`decision_wait_s`) and be flagged root_missing.
+_ZERO_SPAN_HEX = "0" * 16
 #: Times are stored as BIGINT nanoseconds: a fixed64 beyond this (or a
 #: negative JSON time) is not a time, and would fail the whole write it is in.
 MAX_NS = 2**63 - 1
@@ -238,6 +244,8 @@ def spans_from_request(request: ExportTraceServiceRequest) -> tuple[list[Span], 
                 trace_id = ps.trace_id
                 span_id = ps.span_id
                 parent = ps.parent_span_id
+                if parent == _ZERO_SPAN:
+                    parent = b""
                 if len(trace_id) != 16 or len(span_id) != 8 or (parent and len(parent) != 8):
                     rejected.add(
                         f"span {ps.name!r}: traceId must be 16 bytes, spanId and "
@@ -426,7 +434,13 @@ def _j_id(v: Any, what: str, size: int, required: bool = True) -> str:
 
 
 def decode_json(doc: Any) -> list[Span]:
-    """Gives the spans of an OTLP/JSON export document (already parsed; all must be valid)."""
+    """Gives the spans of an OTLP/JSON export document (already parsed; all must be valid).
+
+    For files (`tokentrace import`): a document without `resourceSpans` is refused, as
+    a JSON file that is not an OTLP export most likely is; a receiver takes it as the
+    empty export it is (`decode_json_partial`)."""
+    if isinstance(doc, Mapping) and "resourceSpans" not in doc and "resource_spans" not in doc:
+        raise OtlpDecodeError("OTLP JSON body has no resourceSpans")
     spans, rejected = decode_json_partial(doc)
     if rejected:
         raise OtlpDecodeError(rejected.message)
@@ -434,19 +448,34 @@ def decode_json(doc: Any) -> list[Span]:
 
 
 def decode_json_partial(doc: Any) -> tuple[list[Span], Rejected]:
-    """Gives the valid spans of an OTLP/JSON export document and what was rejected."""
+    """Gives the valid spans of an OTLP/JSON export document and what was rejected.
+    `{}` is an export without spans (proto3 JSON leaves out empty fields): none, and
+    nothing rejected."""
     try:
         return _decode_json(doc)
     except (AttributeError, TypeError, RecursionError) as exc:  # a wrong type deep in the body
         raise OtlpDecodeError(f"invalid OTLP JSON structure: {exc}") from exc
 
 
+def parse_json_body(body: bytes) -> Any:
+    """Gives the parsed JSON of a request body, or OtlpDecodeError saying why it is none."""
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise OtlpDecodeError(f"invalid JSON: {exc}") from exc
+
+
+def decode_json_body(body: bytes) -> tuple[list[Span], Rejected]:
+    """Gives the valid spans of an OTLP/JSON request body and what was rejected."""
+    return decode_json_partial(parse_json_body(body))
+
+
 def _decode_json(doc: Any) -> tuple[list[Span], Rejected]:
     if not isinstance(doc, Mapping):
         raise OtlpDecodeError("OTLP JSON body must be an object with resourceSpans")
     resource_spans = doc.get("resourceSpans", doc.get("resource_spans"))
-    if resource_spans is None:
-        raise OtlpDecodeError("OTLP JSON body has no resourceSpans")
+    if resource_spans is None:  # an empty export request
+        return [], Rejected()
     if not isinstance(resource_spans, list):
         raise OtlpDecodeError("resourceSpans must be a list")
     spans: list[Span] = []
@@ -475,11 +504,12 @@ def _j_span(ps: Mapping[str, Any], resource: dict[str, Any], scope: str) -> Span
     span_id = _j_id(ps.get("spanId"), "spanId", 8)
     if not trace_id.strip("0") or not span_id.strip("0"):
         raise OtlpDecodeError("traceId and spanId must not be all zeros")
+    parent = _j_id(ps.get("parentSpanId"), "parentSpanId", 8, False)
     return (
         Span(
             trace_id=trace_id,
             span_id=span_id,
-            parent_span_id=_j_id(ps.get("parentSpanId"), "parentSpanId", 8, False),
+            parent_span_id="" if parent == _ZERO_SPAN_HEX else parent,
             name=_j_str(ps.get("name", "")),
             kind=_j_int(ps.get("kind", 0), "kind", 0, MAX_KIND),
             start_ns=_j_int(ps.get("startTimeUnixNano", 0), "startTimeUnixNano"),

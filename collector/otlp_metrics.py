@@ -27,6 +27,7 @@ from tokentrace.collector.otlp import (
     _j_int,
     _j_list,
     _j_obj,
+    parse_json_body,
 )
 from tokentrace.instrumentation import semconv as sc
 
@@ -222,11 +223,12 @@ def _brief_json(raw: Any) -> str:
 
 
 def decode_metrics_json(doc: Any) -> MetricsResult:
-    """Gives the gpu_samples rows of an OTLP/JSON metrics export document."""
-    if not isinstance(doc, Mapping) or "resourceMetrics" not in doc:
+    """Gives the gpu_samples rows of an OTLP/JSON metrics export document.  `{}` is an
+    export without metrics (proto3 JSON leaves out empty fields): no rows."""
+    if not isinstance(doc, Mapping):
         raise OtlpDecodeError("OTLP JSON metrics body must be an object with resourceMetrics")
     rows = _Rows()
-    for rm in _j_list(doc["resourceMetrics"], "resourceMetrics"):
+    for rm in _j_list(doc.get("resourceMetrics"), "resourceMetrics"):
         rm = _j_obj(rm, "resourceMetrics entry")
         service, instance = _who(_j_attrs(_j_obj(rm.get("resource"), "resource").get("attributes")))
         for sm in _j_list(rm.get("scopeMetrics"), "scopeMetrics"):
@@ -250,3 +252,8 @@ def decode_metrics_json(doc: Any) -> MetricsResult:
                         continue
                     rows.point(service, instance, *target, attrs, ts, value)
     return rows.done()
+
+
+def decode_metrics_json_body(body: bytes) -> MetricsResult:
+    """Gives the gpu_samples rows of an OTLP/JSON metrics request body."""
+    return decode_metrics_json(parse_json_body(body))

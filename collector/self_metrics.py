@@ -169,6 +169,13 @@ class CollectorMetrics:
         self.gpu_samples = Counter(
             "tokentrace_gpu_samples", "GPU sample rows received over OTLP metrics", registry=r
         )
+        self.log_records_rejected = Counter(
+            "tokentrace_log_records_rejected",
+            "OTLP log records received and not stored (tokentrace stores traces and GPU metrics, "
+            "not logs): each log export is answered with a partial success rejecting them all",
+            ["protocol"],
+            registry=r,
+        )
         self.buffered_spans = Gauge(
             "tokentrace_buffer_spans", "spans waiting in the tail buffer", registry=r
         )
@@ -265,6 +272,29 @@ class CollectorMetrics:
         r.register(self.request_histograms)
         self._sources: list[Callable[[], None]] = []
         self._unencodable_logged = False
+        self._logs_lock = threading.Lock()
+        self._logs_logged = False
+
+    def note_log_records(self, protocol: str, records: int, service: str) -> None:
+        """Counts the log records of one export, which are not stored; logs the first
+        export that held any (once per collector, whichever receiver took it)."""
+        if not records:
+            return
+        self.log_records_rejected.labels(protocol).inc(records)
+        with self._logs_lock:
+            first = not self._logs_logged
+            self._logs_logged = True
+        if not first:
+            return
+        logger.warning(
+            "tokentrace: an OTLP log export came in over %s (service %r, %d log records): "
+            "tokentrace stores traces and GPU metrics, not logs, so log records are answered "
+            "with a partial success and dropped (counted in "
+            "tokentrace_log_records_rejected_total); send logs elsewhere, or turn the "
+            "sender's log exporter off (OTEL_LOGS_EXPORTER=none). Further ones are dropped "
+            "without a word",
+            protocol, service, records,
+        )  # fmt: skip
 
     def observe_requests(self, requests: Sequence[RequestSummary]) -> None:
         """Adds each request's summary to the latency histograms."""

@@ -55,7 +55,8 @@ class CollectorSettings:
     baseline: float = 0.02
     max_buffered_spans: int = 200_000
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
-    max_body_bytes: int = 16 * 1024 * 1024
+    #: OTLP recommends accepting 20 MiB, also after decompression
+    max_body_bytes: int = 20 * 1024 * 1024
     slo_ttft_ms: float | None = None
     slo_e2e_ms: float | None = None
     slo_itl_ms: float | None = None
@@ -166,7 +167,8 @@ HELP: dict[str, str] = {
     " their strings, plus ~1 KB a span); beyond it receivers answer 503. The span bound alone"
     " lets big attributes through (40 spans of 15 MiB each took 660 MB); 512 MiB on top of"
     " DuckDB's 256MB and the process's ~250 MiB keeps serve near 1 GiB, for a 2 GiB host",
-    "max_body_bytes": "largest accepted request body (also after gzip)",
+    "max_body_bytes": "largest accepted request body, also after decompression (gzip, deflate,"
+    " zstd), also gRPC messages",
     "slo_ttft_ms": "keep every trace whose TTFT exceeds this",
     "slo_e2e_ms": "keep every trace whose end-to-end time exceeds this",
     "slo_itl_ms": "keep every trace whose largest inter-token gap exceeds this",
