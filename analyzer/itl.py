@@ -43,8 +43,10 @@ def apply_token_times(summary: RequestSummary, offsets_ms: Sequence[float]) -> N
     summary.stall_count = sum(1 for g in gaps if g > threshold)
 
 
-def apply_tpot(summary: RequestSummary) -> None:
-    """TPOT = decode / (output_tokens − 1), where there is more than one token."""
+def apply_tpot(summary: RequestSummary, *, decode_measured: bool = True) -> None:
+    """Sets TPOT = decode / (output_tokens − 1), where there is more than one token and
+    the decode was measured; else it stays None (not measured: a decode bucket of 0 that
+    nothing measured is no TPOT of 0)."""
     n = summary.output_tokens
-    if n is not None and n > 1:
+    if decode_measured and n is not None and n > 1:
         summary.tpot_ms = summary.decode_ms / (n - 1)

@@ -67,8 +67,8 @@ class TraceView:
         return self._top[span.span_id]
 
     def client_span_of(self, server_span: Span) -> Span | None:
-        """Gives the nearest CLIENT-kind ancestor: the user's side of this request
-        (remembered as `top` is)."""
+        """Gives the nearest CLIENT-kind ancestor (remembered as `top` is).  The user's
+        side of a request is the outermost one it owns: `conventions/_sides.py`."""
         if self.by_id.get(server_span.span_id) is not server_span:
             return next((a for a in self.ancestors(server_span) if a.kind == KIND_CLIENT), None)
         if server_span.span_id not in self._client:

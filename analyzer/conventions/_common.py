@@ -71,6 +71,7 @@ def build_summary(
     request_id: str,
     related: Sequence[Span] = (),
     client: Span | None = None,
+    server: Span | None = None,
     ttft_ms: float | None = None,
     prompt_tokens: int | None = None,
     output_tokens: int | None = None,
@@ -79,14 +80,19 @@ def build_summary(
     cold_start: bool = False,
     extra_model_keys: Sequence[str] = (),
     reader: ValueReader | None = None,
+    decode_measured: bool = True,
 ) -> s.RequestSummary:
-    """Gives the request summary of `root` (the outermost server-side span) with `part` applied.
+    """Gives the summary of `root` (the request's own server-side span) with `part` applied.
 
+    `client` is the user's client span, `server` the span above `root` that timed the
+    server side (a gateway's, an HTTP server's; `_sides.py`), None when `root` did.
     `reader` is the one the adapter read the request's attributes with: the flags
-    its values call for are the request's.
+    its values call for are the request's.  `decode_measured`: False when the decode
+    bucket is 0 for want of a measure (then there is no TPOT either).
     """
     rd = reader if reader is not None else ValueReader()
-    spans = [root, *related, *([client] if client is not None else [])]
+    outer = [x for x in (server, client) if x is not None]
+    spans = [root, *related, *outer]
     first = _first_attr(spans)
     model = first((sc.REQUEST_MODEL, sc.RESPONSE_MODEL, *extra_model_keys), "")
     tenant = first(TENANT_KEYS, "")
@@ -105,7 +111,8 @@ def build_summary(
     summary = s.RequestSummary(
         trace_id=root.trace_id,
         request_id=request_id or root.span_id,
-        start_ns=client.start_ns if client is not None else root.start_ns,
+        # E starts where the user's side (or else the outermost server span) starts
+        start_ns=(client or server or root).start_ns,
         e2e_ms=0.0,
         queue_ms=0.0,
         prefill_ms=0.0,
@@ -142,7 +149,7 @@ def build_summary(
     for flag in rd.flags:
         _flag(summary, flag)
     apply_token_times(summary, list(token_offsets_ms))
-    apply_tpot(summary)
+    apply_tpot(summary, decode_measured=decode_measured)
     return summary
 
 

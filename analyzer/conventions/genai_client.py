@@ -7,7 +7,9 @@ per-chunk events (user-side token times), and plain HTTP server spans beneath
 them.  With a server span, network = client − server duration.  Without
 server-side phases the wait before the first token cannot be split between
 queue and prefill: it is counted as prefill and the request is flagged
-`server_unseen`.
+`server_unseen`.  Without per-chunk times, a streamed answer of more than one
+token (its first chunk's time known) decodes from the first chunk to the end of
+the client span, which ends when the stream does.
 """
 
 from __future__ import annotations
@@ -67,8 +69,21 @@ def outer_clients(trace: TraceView) -> list[Span]:
 
 
 def _server_below(trace: TraceView, client: Span) -> Span | None:
-    servers = [d for d in trace.descendants(client) if d.kind == KIND_SERVER]
-    # the outermost server span: the earliest start, then the longest
+    """Gives the outermost server span below `client`: one with no server span between
+    them (a gateway's, not the backend's behind it, whatever their clocks say), the
+    earliest, then the longest, where there are several (retries)."""
+    servers: list[Span] = []
+    seen = {client.span_id}  # a sender's parent ids may loop: each span once
+    stack = list(trace.children.get(client.span_id, ()))
+    while stack:
+        x = stack.pop()
+        if x.span_id in seen:
+            continue
+        seen.add(x.span_id)
+        if x.kind == KIND_SERVER:
+            servers.append(x)  # what lies below it is its own
+        else:
+            stack.extend(trace.children.get(x.span_id, ()))
     return min(servers, key=lambda x: (x.start_ns, -x.duration_ns), default=None)
 
 
@@ -81,7 +96,15 @@ def summarize_client(trace: TraceView, client: Span) -> s.RequestSummary:
     client_ns = client.duration_ns
     server_ns = server.duration_ns if server is not None else client_ns
     network_ns = client_ns - server_ns if server is not None else 0
-    decode_ns = round((offsets[-1] - offsets[0]) * NS_PER_MS) if len(offsets) > 1 else 0
+    output_tokens = rd.count(attr_any(client, OUTPUT_TOKENS)) or (len(offsets) or None)
+    decode_ns: int | None = None
+    if len(offsets) > 1:
+        decode_ns = round((offsets[-1] - offsets[0]) * NS_PER_MS)
+    elif ttft_client is not None and output_tokens is not None and output_tokens > 1:
+        # streamed (its first chunk came) with no later chunk times: the stream, and the
+        # span with it, ends at the last token; both times are the client's
+        after_first_ns = client_ns - round(ttft_client * NS_PER_MS)
+        decode_ns = after_first_ns if after_first_ns >= 0 else None
     # the first-token wait as the server lived it: the user's TTFT minus the wire
     # (both ways, an upper bound of the one-way part, so prefill is never overstated)
     prefill_ns = 0
@@ -91,7 +114,7 @@ def summarize_client(trace: TraceView, client: Span) -> s.RequestSummary:
         server_ns=server_ns,
         client_ns=client_ns if server is not None else None,
         prefill_ns=prefill_ns,
-        decode_ns=decode_ns,
+        decode_ns=decode_ns or 0,
     )
     flags = [s.FLAG_SERVER_UNSEEN]
     if not offsets:
@@ -107,11 +130,12 @@ def summarize_client(trace: TraceView, client: Span) -> s.RequestSummary:
         client=None,
         ttft_ms=None,
         prompt_tokens=rd.count(attr_any(client, INPUT_TOKENS)),
-        output_tokens=rd.count(attr_any(client, OUTPUT_TOKENS)) or (len(offsets) or None),
+        output_tokens=output_tokens,
         token_offsets_ms=offsets,
         flags=flags,
         reader=rd,
         extra_model_keys=MODEL_KEYS,
+        decode_measured=decode_ns is not None,
     )
     summary.start_ns = client.start_ns
     summary.ttft_client_ms = ttft_client

@@ -22,6 +22,7 @@ from __future__ import annotations
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
 from tokentrace.analyzer.conventions._common import agree, build_summary, inside_any
+from tokentrace.analyzer.conventions._sides import RequestSides, Sides
 from tokentrace.analyzer.conventions._values import ValueReader
 from tokentrace.analyzer.spans import Span
 from tokentrace.analyzer.trace_view import TraceView
@@ -61,7 +62,11 @@ def summarize(trace: TraceView) -> list[s.RequestSummary]:
     by_key: dict[str, list[Span]] = {}
     for r in roots:
         by_key.setdefault(_group_key(trace, r), []).append(r)
-    return [_summarize(trace, group) for group in by_key.values()]
+    groups = list(by_key.values())
+    for group in groups:
+        group.sort(key=lambda x: x.start_ns)
+    sides = RequestSides(trace, groups)
+    return [_summarize(trace, group, sides.of(group[0])) for group in groups]
 
 
 def _root_rid8(name: str) -> str | None:
@@ -143,24 +148,26 @@ def _attr(roots: list[Span], key: str | tuple[str, ...]) -> object:
     return None
 
 
-def _summarize(trace: TraceView, roots: list[Span]) -> s.RequestSummary:
-    roots.sort(key=lambda x: x.start_ns)
+def _summarize(trace: TraceView, roots: list[Span], sides: Sides) -> s.RequestSummary:
     slices = [d for r in roots for d in trace.descendants(r)]
     rd = ValueReader()
     flags: list[str] = []
-    if len(roots) == 1:
+    if sides.server is not None:  # an outer server span (a router's, an HTTP server's)
+        server_ns = sides.server.duration_ns
+    elif len(roots) == 1:
         server_ns = roots[0].duration_ns
     else:
         # different processes: add the durations, never subtract across clocks
         server_ns = sum(r.duration_ns for r in roots)
     e2e_ns = rd.seconds_ns(_attr(roots, E2E))
-    if e2e_ns is not None and len(roots) == 1 and not agree(e2e_ns, server_ns):
+    if e2e_ns is not None and len(roots) == 1 and not agree(e2e_ns, roots[0].duration_ns):
         flags.append(s.FLAG_SOURCES_DISAGREE)
     names = {x.name for x in slices}
     if names & PHASE_SLICES:
         prefill_ns = _slice_ns(slices, SLICE_PREFILL)
         # decode_loop steps lie inside decode_forward where there is one: never both
-        decode_ns = _slice_ns(slices, SLICE_DECODE if SLICE_DECODE in names else SLICE_DECODE_LOOP)
+        decode_slice = SLICE_DECODE if SLICE_DECODE in names else SLICE_DECODE_LOOP
+        decode_ns: int | None = _slice_ns(slices, decode_slice) if decode_slice in names else None
         queue_wait_ns = _slice_ns(slices, SLICE_PREFILL_WAIT) + _slice_ns(slices, SLICE_DECODE_WAIT)
         attr_queue = rd.seconds_ns(_attr(roots, QUEUE))
         if attr_queue is not None and SLICE_PREFILL_WAIT in names and not agree(
@@ -172,13 +179,13 @@ def _summarize(trace: TraceView, roots: list[Span]) -> s.RequestSummary:
         queue_wait_ns = rd.seconds_ns(_attr(roots, QUEUE)) or 0
         # the prefill attribute includes the queue wait
         prefill_ns = max(0, (rd.seconds_ns(_attr(roots, PREFILL)) or 0) - queue_wait_ns)
-        decode_ns = rd.seconds_ns(_attr(roots, DECODE)) or 0
-    client = trace.client_span_of(roots[0])
+        decode_ns = rd.seconds_ns(_attr(roots, DECODE))
+    client = sides.client
     part = partition(
         server_ns=server_ns,
         client_ns=client.duration_ns if client is not None else None,
         prefill_ns=prefill_ns,
-        decode_ns=decode_ns,
+        decode_ns=decode_ns or 0,
         queue_wait_ns=queue_wait_ns,
         tokenize_ns=_slice_ns(slices, SLICE_TOKENIZE),
     )
@@ -195,9 +202,11 @@ def _summarize(trace: TraceView, roots: list[Span]) -> s.RequestSummary:
         request_id=str(_attr(roots, REQUEST_ID) or _attr(roots, RID) or _rid8(roots[0]) or roots[0].span_id),
         related=roots[1:],
         client=client,
+        server=sides.server,
         ttft_ms=None if ttft_ns is None else ttft_ns / NS_PER_MS,
         prompt_tokens=rd.count(_attr(roots, PROMPT_TOKENS)),
         output_tokens=rd.count(_attr(roots, COMPLETION_TOKENS)),
         flags=flags,
         reader=rd,
+        decode_measured=decode_ns is not None,
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
 from tokentrace.analyzer.conventions._common import agree, build_summary, inside_any
+from tokentrace.analyzer.conventions._sides import RequestSides, Sides
 from tokentrace.analyzer.conventions._values import ValueReader
 from tokentrace.analyzer.spans import Span
 from tokentrace.analyzer.trace_view import TraceView
@@ -31,13 +32,13 @@ TIMING_KEYS = (TOTAL, QUEUE, INFERENCE)
 
 
 def summarize(trace: TraceView) -> list[s.RequestSummary]:
-    out = []
     # chat_completions calls generate_stream inside: summarize the outermost only
     nested = inside_any(trace, _is_handler)
-    for x in trace.spans:
-        if x.name in HANDLERS and _is_tgi(trace, x) and not nested(x):
-            out.append(_summarize(trace, x))
-    return out
+    handlers = [
+        x for x in trace.spans if x.name in HANDLERS and _is_tgi(trace, x) and not nested(x)
+    ]
+    sides = RequestSides(trace, [[x] for x in handlers])
+    return [_summarize(trace, x, sides.of(x)) for x in handlers]
 
 
 def _is_handler(span: Span) -> bool:
@@ -51,7 +52,7 @@ def _is_tgi(trace: TraceView, handler: Span) -> bool:
     )
 
 
-def _summarize(trace: TraceView, handler: Span) -> s.RequestSummary:
+def _summarize(trace: TraceView, handler: Span, sides: Sides) -> s.RequestSummary:
     a: dict[str, object] = {}
     below = list(trace.descendants(handler))
     # the timing fields may sit on a nested handler (chat_completions → generate_stream)
@@ -68,6 +69,7 @@ def _summarize(trace: TraceView, handler: Span) -> s.RequestSummary:
     inference_ns = rd.rust_duration_ns(a.get(INFERENCE))
     per_token_ns = rd.rust_duration_ns(a.get(PER_TOKEN))
     ttft_ns: int | None = None
+    decode_ns: int | None
     offsets_ms: list[float] = []
     if infers:
         # each infer step ends with one token: server-side token times
@@ -83,17 +85,18 @@ def _summarize(trace: TraceView, handler: Span) -> s.RequestSummary:
         flags.append(s.FLAG_NO_TOKEN_TIMES)
         output_tokens = _generated_tokens(inference_ns, per_token_ns)
         prefill_ns = per_token_ns or 0
-        decode_ns = max(0, (inference_ns or 0) - prefill_ns)
+        decode_ns = None if inference_ns is None else max(0, inference_ns - prefill_ns)
     queue_attr_ns = rd.rust_duration_ns(a.get(QUEUE))
     queue_ns = sum(x.duration_ns for x in queued) if queued else queue_attr_ns or 0
     if queued and queue_attr_ns is not None and not agree(queue_ns, queue_attr_ns):
         flags.append(s.FLAG_SOURCES_DISAGREE)
-    client = trace.client_span_of(handler)
+    client = sides.client
     part = partition(
-        server_ns=server_ns,
+        # an outer server span (TGI's router behind a gateway, an HTTP server span) holds more
+        server_ns=sides.server.duration_ns if sides.server is not None else server_ns,
         client_ns=client.duration_ns if client is not None else None,
         prefill_ns=prefill_ns,
-        decode_ns=decode_ns,
+        decode_ns=decode_ns or 0,
         queue_wait_ns=queue_ns,
         tokenize_ns=rd.rust_duration_ns(a.get(VALIDATION)) or 0,
     )
@@ -107,12 +110,14 @@ def _summarize(trace: TraceView, handler: Span) -> s.RequestSummary:
         request_id=str(handler.attributes.get("request_id") or ""),
         related=below,
         client=client,
+        server=sides.server,
         ttft_ms=None if ttft_ns is None else ttft_ns / NS_PER_MS,
         prompt_tokens=prompt,
         output_tokens=out_attr if out_attr is not None else output_tokens,
         token_offsets_ms=offsets_ms,
         flags=flags,
         reader=rd,
+        decode_measured=decode_ns is not None,
     )
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
 from tokentrace.analyzer.conventions._common import build_summary
+from tokentrace.analyzer.conventions._sides import RequestSides, Sides
 from tokentrace.analyzer.conventions._values import ValueReader
-from tokentrace.analyzer.spans import Span, list_attr
+from tokentrace.analyzer.spans import STATUS_ERROR, Span, list_attr
 from tokentrace.analyzer.trace_view import TraceView
 from tokentrace.instrumentation import semconv as sc
 
@@ -18,20 +19,18 @@ def _sum_ns(spans: list[Span], name: str) -> int:
 
 
 def summarize(trace: TraceView) -> list[s.RequestSummary]:
-    out = []
-    for req in trace.spans:
-        if req.name == sc.SPAN_REQUEST:
-            out.append(_summarize_request(trace, req))
-    return out
+    requests = [x for x in trace.spans if x.name == sc.SPAN_REQUEST]
+    sides = RequestSides(trace, [[x] for x in requests])
+    return [_summarize_request(trace, req, sides.of(req)) for req in requests]
 
 
-def _summarize_request(trace: TraceView, req: Span) -> s.RequestSummary:
+def _summarize_request(trace: TraceView, req: Span, sides: Sides) -> s.RequestSummary:
     # a request span inside this one is a request of its own, with its own phases (and a
     # chain of n requests walks n spans, not n^2)
     phases = list(trace.descendants(req, until=sc.SPAN_REQUEST))
     rd = ValueReader()
     offsets_ms = rd.times_ms(list_attr(req.attributes, sc.TOKEN_OFFSETS_US), 1 / 1000)
-    server_ns = req.duration_ns
+    out_tokens = rd.count(req.attributes.get(sc.OUTPUT_TOKENS))
     prefill_spans = [p for p in phases if p.name == sc.SPAN_PREFILL]
     prefill_start_ns = min((p.start_ns for p in prefill_spans), default=None)
     flags: list[str] = []
@@ -45,27 +44,29 @@ def _summarize_request(trace: TraceView, req: Span) -> s.RequestSummary:
             start_ns = first_ns
             flags.append(s.FLAG_PREFILL_UNMARKED)
         prefill_ns = first_ns - start_ns
-        decode_ns = last_ns - first_ns
+        decode_ns: int | None = last_ns - first_ns
         ttft_ms: float | None = offsets_ms[0]
     else:
         # No token times: trust the phase spans as measured.
         flags.append(s.FLAG_NO_TOKEN_TIMES)
         prefill_ns = _sum_ns(phases, sc.SPAN_PREFILL)
-        decode_ns = _sum_ns(phases, sc.SPAN_DECODE)
+        decode_spans = any(p.name == sc.SPAN_DECODE for p in phases)
+        decode_ns = _sum_ns(phases, sc.SPAN_DECODE) if decode_spans else None
         ttft_ms = None
-        if prefill_spans:
+        if prefill_spans and _made_a_token(req, phases, out_tokens):
+            # the end of prefill stands in for the first token (a non-streamed answer)
             ttft_ms = (max(p.end_ns for p in prefill_spans) - req.start_ns) / NS_PER_MS
 
-    client = trace.client_span_of(req)
+    client = sides.client
     part = partition(
-        server_ns=server_ns,
+        # the outermost server span (a gateway's, an HTTP server's) where it is the request's
+        server_ns=sides.server.duration_ns if sides.server is not None else req.duration_ns,
         client_ns=client.duration_ns if client is not None else None,
         prefill_ns=prefill_ns,
-        decode_ns=decode_ns,
+        decode_ns=decode_ns or 0,
         queue_wait_ns=_sum_ns(phases, sc.SPAN_QUEUE),
         tokenize_ns=_sum_ns(phases, sc.SPAN_TOKENIZE),
     )
-    out_tokens = rd.count(req.attributes.get(sc.OUTPUT_TOKENS))
     if out_tokens is None and offsets_ms:
         out_tokens = len(offsets_ms)
     return build_summary(
@@ -76,10 +77,20 @@ def _summarize_request(trace: TraceView, req: Span) -> s.RequestSummary:
         request_id=str(req.attributes.get(sc.REQUEST_ID) or ""),
         related=phases,
         client=client,
+        server=sides.server,
         ttft_ms=ttft_ms,
         prompt_tokens=rd.count(req.attributes.get(sc.PROMPT_TOKENS)),
         output_tokens=out_tokens,
         token_offsets_ms=offsets_ms,
         flags=flags,
         reader=rd,
+        decode_measured=decode_ns is not None,
     )
+
+
+def _made_a_token(req: Span, phases: list[Span], out_tokens: int | None) -> bool:
+    """Gives whether a request without token times produced a first token: not when it
+    says it produced none, nor when it failed without saying how many it produced."""
+    if out_tokens is not None:
+        return out_tokens > 0
+    return req.status_code != STATUS_ERROR and all(p.status_code != STATUS_ERROR for p in phases)

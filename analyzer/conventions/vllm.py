@@ -19,6 +19,7 @@ from __future__ import annotations
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
 from tokentrace.analyzer.conventions._common import agree, build_summary
+from tokentrace.analyzer.conventions._sides import RequestSides, Sides
 from tokentrace.analyzer.conventions._values import ValueReader
 from tokentrace.analyzer.spans import Span
 from tokentrace.analyzer.trace_view import TraceView
@@ -39,7 +40,9 @@ REQUEST_ID = "gen_ai.request.id"
 
 
 def summarize(trace: TraceView) -> list[s.RequestSummary]:
-    return [_summarize(trace, x) for x in trace.spans if x.name == SPAN_NAME and _is_vllm(x)]
+    requests = [x for x in trace.spans if x.name == SPAN_NAME and _is_vllm(x)]
+    sides = RequestSides(trace, [[x] for x in requests])
+    return [_summarize(trace, x, sides.of(x)) for x in requests]
 
 
 def _is_vllm(span: Span) -> bool:
@@ -47,7 +50,7 @@ def _is_vllm(span: Span) -> bool:
     return E2E in span.attributes or any(k.startswith("gen_ai.") for k in span.attributes)
 
 
-def _summarize(trace: TraceView, span: Span) -> s.RequestSummary:
+def _summarize(trace: TraceView, span: Span, sides: Sides) -> s.RequestSummary:
     a = span.attributes
     rd = ValueReader()
     flags: list[str] = []
@@ -58,20 +61,22 @@ def _summarize(trace: TraceView, span: Span) -> s.RequestSummary:
     queue_wait_ns = rd.seconds_ns(a.get(QUEUE)) or 0
     ttft_ns = rd.seconds_ns(a.get(TTFT))
     prefill_attr, decode_attr = rd.seconds_ns(a.get(PREFILL)), rd.seconds_ns(a.get(DECODE))
+    decode_ns: int | None
     if prefill_attr is None and decode_attr is None and ttft_ns is not None:
         prefill_ns, decode_ns = _v0_phases(ttft_ns, queue_wait_ns, server_ns)
     else:
-        prefill_ns, decode_ns = prefill_attr or 0, decode_attr or 0
+        prefill_ns, decode_ns = prefill_attr or 0, decode_attr
     inference_ns = rd.seconds_ns(a.get(INFERENCE))
-    if inference_ns is not None and not agree(inference_ns, prefill_ns + decode_ns):
+    if inference_ns is not None and not agree(inference_ns, prefill_ns + (decode_ns or 0)):
         flags.append(s.FLAG_SOURCES_DISAGREE)
-    client = trace.client_span_of(span)
+    client = sides.client
     part = partition(
-        # the attributes share one clock; the e2e attribute is their whole
-        server_ns=server_ns,
+        # the attributes share one clock; the e2e attribute is their whole, unless an
+        # outer server span (the API server's HTTP span, a gateway's) holds more
+        server_ns=sides.server.duration_ns if sides.server is not None else server_ns,
         client_ns=client.duration_ns if client is not None else None,
         prefill_ns=prefill_ns,
-        decode_ns=decode_ns,
+        decode_ns=decode_ns or 0,
         queue_wait_ns=queue_wait_ns,
     )
     return build_summary(
@@ -81,11 +86,13 @@ def _summarize(trace: TraceView, span: Span) -> s.RequestSummary:
         source=NAME,
         request_id=str(a.get(REQUEST_ID) or ""),
         client=client,
+        server=sides.server,
         ttft_ms=None if ttft_ns is None else ttft_ns / NS_PER_MS,
         prompt_tokens=rd.count(a.get(PROMPT_TOKENS)),
         output_tokens=rd.count(a.get(COMPLETION_TOKENS)),
         flags=[*flags, s.FLAG_NO_TOKEN_TIMES],
         reader=rd,
+        decode_measured=decode_ns is not None,
     )
 
 

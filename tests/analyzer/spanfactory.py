@@ -223,7 +223,8 @@ def genai_client_trace(
         network = total - server_ms
         spans.append(span(tid, "POST /v1/chat/completions", network / 2, server_ms, c,
                           kind=KIND_SERVER, resource={"service.name": "gateway"}, t0_ns=t0_ns))
-    decode = itl * (tokens - 1) if chunk_name else 0.0
+    # without chunk times a streamed answer decodes from its first chunk to the span's end
+    decode = itl * (tokens - 1) if chunk_name else (total - ttft if tokens > 1 else 0.0)
     prefill = ttft - (network or 0.0)
     server = server_ms if server_ms is not None else total
     return spans, Truth(total, server - prefill - decode, prefill, decode, network, None, tokens)
