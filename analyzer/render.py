@@ -89,6 +89,20 @@ def format_ms(v: float | None) -> str:
 _ms = format_ms
 
 
+def approximate(report: dict[str, Any], key: str) -> list[str]:
+    """Gives which percentiles of latency row `key` the report estimated rather than
+    computed exactly (`latency.approximate`; a report from an older server says none)."""
+    said = (report.get("latency") or {}).get("approximate")
+    marked = said.get(key) if isinstance(said, dict) else None
+    return [str(p) for p in marked] if isinstance(marked, list) else []
+
+
+def latency_cell(report: dict[str, Any], key: str, p: str) -> str:
+    """Gives one figure of the latency table, `≈` before it where it is estimated."""
+    figure = format_ms(report["latency"][key][p])
+    return f"≈ {figure}" if figure != "—" and p in approximate(report, key) else figure
+
+
 def format_confidence(c: float | None) -> str:
     """Gives a finding's 0..1 confidence as a whole percent with a space: '72 %'."""
     return "—" if c is None else f"{float(c) * 100:.0f} %"
@@ -120,6 +134,8 @@ LATENCY_TERMS = {
     "tpot": ("TPOT", "time per output token after the first"),
     "itl": ("ITL", "gap between consecutive tokens"),
 }
+#: Said after ITL's meaning where its figures are estimated (report.py `itl_percentiles`).
+ITL_APPROXIMATE = "≈: estimated from per-request histograms, within 12 %"
 BUCKET_TERMS = {
     "queue": ("queue", "the server's time outside compute (waits, tokenizing, overhead)"),
     "prefill": ("prefill", "the compute part of TTFT"),
@@ -153,8 +169,12 @@ def legend(report: dict[str, Any]) -> dict[str, list[list[tuple[str, str]]]]:
     if not (report.get("requests") or {}).get("count"):
         return {"latency": [], "buckets": [], "requests": []}
     latency = report.get("latency") or {}
+    terms = dict(LATENCY_TERMS)
+    if approximate(report, "itl"):
+        name, meaning = terms["itl"]
+        terms["itl"] = (name, f"{meaning} ({ITL_APPROXIMATE})")
     lines = [
-        [LATENCY_TERMS[k] for k in keys if _measured(latency.get(k))]
+        [terms[k] for k in keys if _measured(latency.get(k))]
         for keys in (("ttft", "ttft_client"), ("tpot", "itl"))
     ]
     buckets = [list(BUCKET_TERMS.values())]
@@ -205,7 +225,7 @@ def render_text(report: dict[str, Any]) -> str:
         row = report["latency"][key]
         if all(v is None for v in row.values()):
             continue
-        lines.append(f"{label:<12}" + "".join(f"{format_ms(row[p]):>11}" for p in PERCENTILES))
+        lines.append(f"{label:<12}" + "".join(f"{latency_cell(report, key, p):>11}" for p in PERCENTILES))
     terms = legend(report)
     lines += _text_legend(terms["latency"])
     lines += ["", "where the time goes (share of all end-to-end time)"]
@@ -276,7 +296,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         row = report["latency"][key]
         if all(v is None for v in row.values()):
             continue
-        out.append(f"| {label} | " + " | ".join(format_ms(row[p]) for p in PERCENTILES) + " |")
+        out.append(f"| {label} | " + " | ".join(latency_cell(report, key, p) for p in PERCENTILES) + " |")
     terms = legend(report)
     if terms["latency"]:
         out += ["", *_md_legend(terms["latency"])]

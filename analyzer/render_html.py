@@ -13,9 +13,12 @@ from typing import Any
 
 from tokentrace.analyzer.render import (
     FINDINGS_ORDER,
+    ITL_APPROXIMATE,
+    approximate,
     counted,
     describe_window,
     format_confidence,
+    latency_cell,
     mixed_services_note,
     no_requests_message,
     noun,
@@ -224,7 +227,7 @@ def render_html(report: dict[str, Any]) -> str:
         row = report["latency"][key]
         if all(v is None for v in row.values()):
             continue
-        rows.append(f"<tr><th>{_e(label)}</th>" + "".join(f"<td>{_e(_ms(row[p]))}</td>" for p in PERCENTILES) + "</tr>")
+        rows.append(f"<tr><th>{_e(label)}</th>" + "".join(f"<td>{_e(latency_cell(report, key, p))}</td>" for p in PERCENTILES) + "</tr>")
     findings = []
     if report.get("findings"):
         mixed = mixed_services_note(report)
@@ -260,6 +263,7 @@ def render_html(report: dict[str, Any]) -> str:
             "".join(findings) or "<p>No latency complaint stands out in this window.</p>",
             "<h2>Latency</h2><table><tr><th></th>" + "".join(f"<th>{_e(p)}</th>" for p in PERCENTILES) + "</tr>",
             "".join(rows) + "</table>",
+            f'<p class="note">ITL {_e(ITL_APPROXIMATE)}</p>' if approximate(report, "itl") else "",
             "<h2>Latency over time</h2>", _timeline_svg(report.get("timeline") or {}),
             "<h2>Where the time goes</h2>", _buckets_svg(report["buckets"]), _buckets_table(report["buckets"]),
             "" if report["buckets"]["network"].get("measured") else "<p>Network not measured: no client spans.</p>",

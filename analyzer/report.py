@@ -6,7 +6,9 @@ The CLI's text/markdown/json/html renderers and the web explorer all call
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import bisect
+import itertools
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import duckdb
@@ -17,6 +19,9 @@ from tokentrace.analyzer.filters import Filters
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 
 PERCENTILES = ("p50", "p90", "p95", "p99")
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
+#: each ITL histogram bucket's upper bound over its lower one (~1.12)
+ITL_BUCKET_RATIO = ITL_BUCKET_BOUNDS_MS[1] / ITL_BUCKET_BOUNDS_MS[0]
 BUCKETS = ("network", "queue", "prefill", "decode")
 
 
@@ -55,28 +60,78 @@ def itl_bucket_counts(conn: duckdb.DuckDBPyConnection, filters: Filters) -> list
     return [int(n or 0) for n in (row or ())]
 
 
-def itl_percentiles(
-    conn: duckdb.DuckDBPyConnection, filters: Filters, counts: list[int] | None = None
-) -> dict[str, float | None]:
-    """ITL percentiles over every inter-token gap of the window (from the histograms)."""
-    counts = itl_bucket_counts(conn, filters) if counts is None else counts
+@dataclass(frozen=True, slots=True)
+class GapFigures:
+    """The exact per-request ITL figures of the window (`requests` columns), which bound
+    the histogram's estimate: no figure is reported outside the gaps that occurred."""
+
+    #: requests with at least one inter-token gap
+    requests: int = 0
+    #: the smallest per-request median gap (at least the window's smallest gap)
+    p50_min: float | None = None
+    #: with one request: its own p95 / p99 (the window's exactly)
+    p95_min: float | None = None
+    p99_min: float | None = None
+    #: the window's largest gap
+    gap_max: float | None = None
+
+
+def _gap_at(rank: int, counts: list[int], cum: list[int], gap_max: float | None) -> float:
+    """Gives an estimate of the `rank`-th smallest gap (0-based) from the histogram: its
+    bucket, log-interpolated by its rank among the bucket's gaps."""
+    bounds = ITL_BUCKET_BOUNDS_MS
+    b = bisect.bisect_right(cum, rank)
+    lo = bounds[b - 1] if b > 0 else 0.0
+    hi = bounds[b] if b < len(bounds) else bounds[-1] * ITL_BUCKET_RATIO
+    if gap_max is not None:
+        # the bucket holding the largest gap ends at it
+        hi = max(lo, min(hi, gap_max))
+    within = (rank - (cum[b - 1] if b > 0 else 0) + 0.5) / counts[b]
+    return lo * (hi / lo) ** within if lo > 0 else hi * within
+
+
+def itl_percentiles(counts: list[int], gaps: GapFigures) -> tuple[dict[str, float | None], list[str]]:
+    """Gives the ITL percentiles over every inter-token gap of the window, and which of
+    them are approximate.
+
+    The stored data are per-request histograms (a 12 % log bucket each) and per-request
+    figures, not the gaps themselves, so a percentile is interpolated like every other
+    percentile (`quantile_cont`) between two order statistics, each estimated within its
+    bucket: within one bucket of the exact figure.  It is then held between the smallest
+    per-request median gap and the largest gap, so it never falls outside the gaps that
+    occurred.  Exact where the figures pin it: one request (its own p50/p95/p99), or every
+    request's median gap equal to the largest gap (every percentile from p50 up is that gap).
+    """
     total = sum(counts)
     if not total:
-        return dict.fromkeys(PERCENTILES)
+        return dict.fromkeys(PERCENTILES), []
+    cum = list(itertools.accumulate(counts))
+    # one request's own percentiles are the window's (p90 between its p50 and p95)
+    own = {"p50": gaps.p50_min, "p95": gaps.p95_min, "p99": gaps.p99_min} if gaps.requests == 1 else {}
+    pinned = gaps.p50_min is not None and gaps.p50_min == gaps.gap_max
     out: dict[str, float | None] = {}
-    bounds = ITL_BUCKET_BOUNDS_MS
-    for name, q in zip(PERCENTILES, (0.5, 0.9, 0.95, 0.99), strict=False):
-        rank = q * total
-        seen = 0
-        for bucket, n in enumerate(counts):
-            seen += n
-            if n and seen >= rank:
-                # geometric middle of the bucket: ~6 % error at most
-                hi = bounds[bucket] if bucket < len(bounds) else bounds[-1] * 1.12
-                lo = bounds[bucket - 1] if bucket > 0 else 0.0
-                out[name] = round((lo * hi) ** 0.5 if lo else hi, 3)
-                break
-    return out
+    approximate: list[str] = []
+    for name, q in zip(PERCENTILES, QUANTILES, strict=True):
+        pos = q * (total - 1)
+        below = int(pos)
+        lower = _gap_at(below, counts, cum, gaps.gap_max)
+        upper = _gap_at(min(below + 1, total - 1), counts, cum, gaps.gap_max)
+        value = lower + (upper - lower) * (pos - below)
+        exact = pinned
+        mine = own.get(name)
+        if mine is not None:
+            value, exact = mine, True
+        elif name == "p90" and own.get("p50") is not None and own.get("p95") is not None:
+            p50, p95 = float(own["p50"] or 0.0), float(own["p95"] or 0.0)
+            value, exact = min(max(value, p50), p95), exact or p50 == p95
+        if gaps.p50_min is not None:
+            value = max(value, gaps.p50_min)
+        if gaps.gap_max is not None:
+            value = min(value, gaps.gap_max)
+        out[name] = round(value, 3)
+        if not exact:
+            approximate.append(name)
+    return out, approximate
 
 
 def itl_histogram(
@@ -138,6 +193,12 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
         for part in ("queue_wait", "tokenize", "other")
     }
     itl_counts = itl_bucket_counts(conn, filters) if r["requests"] else []
+    itl, itl_approximate = itl_percentiles(
+        itl_counts,
+        GapFigures(
+            int(r["itl_requests"] or 0), r["itl_p50_min"], r["itl_p95_min"], r["itl_p99_min"], r["itl_gap_max"]
+        ),
+    )
     report: dict[str, Any] = {
         "window": {
             "start_ns": r["first_start_ns"],
@@ -157,7 +218,9 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
             "ttft": _pcts(r["ttft"]),
             "ttft_client": _pcts(r["ttft_client"]),
             "tpot": _pcts(r["tpot"]),
-            "itl": itl_percentiles(conn, filters, itl_counts),
+            "itl": itl,
+            # the figures estimated rather than computed exactly, per row (only ITL can be)
+            "approximate": {"itl": itl_approximate},
         },
         "buckets": buckets,
         "findings": diagnose(conn, filters) if r["requests"] else [],

@@ -8,6 +8,7 @@ import re
 import sys
 import time
 from datetime import datetime, timezone
+from fractions import Fraction
 from pathlib import Path
 from typing import IO
 
@@ -73,22 +74,49 @@ _UNIT_NS = {"d": 86_400 * 10**9, "h": 3_600 * 10**9, "m": 60 * 10**9, "s": 10**9
 WHEN_FORMS = "ISO 8601 (2026-11-21T10:00:00Z; UTC unless it says otherwise) or a duration ago (10m, 2h, 1d)"
 
 
+#: The fraction of a second of an ISO 8601 time (after the seconds, before the zone): read
+#: apart as integer nanoseconds, since datetime keeps only microseconds and float seconds
+#: since 1970 lose even those (…20.000001Z became …001024 ns).
+_FRACTION = re.compile(r"(?<=\d)[.,](\d+)(?=[zZ]|[+-]\d|$)")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+#: Digits of a fraction of a second that nanoseconds hold.
+MAX_FRACTION_DIGITS = 9
+
+
+def _iso_ns(text: str, option: str) -> int:
+    """Gives ISO 8601 `text` in unix ns, exactly (UTC unless it says otherwise)."""
+    fraction_ns, said = 0, text
+    found = _FRACTION.search(text)
+    if found:
+        digits = found.group(1)
+        if len(digits) > MAX_FRACTION_DIGITS:
+            raise ValueError(
+                f"{option} {said!r}: at most {MAX_FRACTION_DIGITS} digits after the seconds (nanoseconds)"
+            )
+        fraction_ns = int(digits.ljust(MAX_FRACTION_DIGITS, "0"))
+        text = text[: found.start()] + text[found.end() :]
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{option} {said!r} is neither: use {WHEN_FORMS}") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    since_epoch = t - _EPOCH  # whole seconds and microseconds: integers, no float on the way
+    seconds = since_epoch.days * 86_400 + since_epoch.seconds
+    return seconds * 10**9 + since_epoch.microseconds * 1_000 + fraction_ns
+
+
 def parse_when(text: str | None, now_ns: int, option: str = "--since") -> int | None:
-    """Gives `text` in unix ns: an ISO 8601 time, or a duration before `now_ns`
-    (`10m`, `2h`, `1d`, `1d12h`); None when not given. Raises ValueError naming `option`."""
+    """Gives `text` in unix ns: an ISO 8601 time (to the nanosecond, exactly), or a duration
+    before `now_ns` (`10m`, `2h`, `1d`, `1d12h`); None when not given. Raises ValueError
+    naming `option`."""
     if not text:
         return None
     raw = text.strip().lower().replace(" ", "")
     if _DURATION.fullmatch(raw):
-        ago = sum(float(n) * _UNIT_NS[unit] for n, unit in _DURATION_PART.findall(raw))
+        ago = sum(Fraction(n) * _UNIT_NS[unit] for n, unit in _DURATION_PART.findall(raw))
         return max(0, now_ns - int(ago))  # further back than 1970: everything
-    try:
-        t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"{option} {text!r} is neither: use {WHEN_FORMS}") from None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=timezone.utc)
-    return int(t.timestamp() * 1e9)
+    return _iso_ns(text.strip(), option)
 
 
 def window_bounds(

@@ -9,6 +9,10 @@ Two shapes of it (DESIGN.md §5):
   capacity, a closed-loop client holding more requests in flight than the server
   serves.  Without this, such a window would get no load finding at all unless GPU
   samples showed `gpu_saturation`, and a minor finding would lead the report.
+  Heavy queueing that lags behind bursts counts too: bursts build a backlog that
+  drains for minutes after them, so the busiest arrival slices wait *less* than the
+  ones after them (no peak contrast), and the queue can stay just short of half of
+  E2E while the median request waits seconds.
 """
 
 from __future__ import annotations
@@ -45,6 +49,14 @@ MIN_SATURATED_WAIT_MS = 250.0
 MIN_SHORT_WINDOW_REQUESTS = 50
 #: the median wait of the last fifth of arrivals over the first fifth that says the backlog grows
 GROWING_WAIT_RATIO = 1.5
+#: Heavy queueing, whatever the slices show: the median request waits this long in the queue
+#: (seconds before anything happens: a person notices, whatever the compute) ...
+HEAVY_WAIT_MS = 1000.0
+#: ... and queue wait is at least this share of all E2E time: by Little's law the backlog
+#: then averages about half as many requests as are being served, or more (a FIFO server of
+#: 19 slots under Azure conversation arrivals: 49 %, median wait 2.9 s; of 20 slots:
+#: 31 %, 0.8 s, which bad_in_production's low/high load comparison names)
+HEAVY_QUEUE_SHARE = 1 / 3
 
 
 def busiest_slices(ctx: Context) -> tuple[dict[bool, dict], str | None]:
@@ -57,7 +69,7 @@ def busiest_slices(ctx: Context) -> tuple[dict[bool, dict], str | None]:
 
 def detect(ctx: Context) -> Finding | None:
     slices, cls = busiest_slices(ctx)
-    return _peak(ctx, slices) or _saturated(ctx, cls)
+    return _peak(ctx, slices) or _saturated(ctx, cls, slices)
 
 
 def _peak(ctx: Context, slices: dict[bool, dict]) -> Finding | None:
@@ -120,9 +132,10 @@ def _peak(ctx: Context, slices: dict[bool, dict]) -> Finding | None:
     )
 
 
-def _saturated(ctx: Context, cls: str | None) -> Finding | None:
-    """The queue dominates (nearly) every slice: more work than capacity all the time,
-    and no quiet slices for a contrast."""
+def _saturated(ctx: Context, cls: str | None, by_arrivals: dict[bool, dict] | None = None) -> Finding | None:
+    """The queue dominates (nearly) every slice, or the median request waits seconds in a
+    backlog that lags behind the bursts: more work than capacity most of the time, and no
+    busy-against-quiet contrast to show it."""
     bar = MIN_BUSY_QUEUE_SHARE
     s = ctx.one("diag_saturation", [cls, cls, ctx.slice_ns, bar, bar, bar])
     slices, dominated = int(s.get("slices") or 0), int(s.get("dominated") or 0)
@@ -134,12 +147,14 @@ def _saturated(ctx: Context, cls: str | None) -> Finding | None:
     # a short window's burst: the first arrivals are served at once, the later ones wait,
     # so the slices split; the median request's share says it instead
     short = slices < MIN_SLICES
-    if (
-        share < SATURATED_QUEUE_SHARE
-        or request_share < SATURATED_QUEUE_SHARE
-        or (not short and covered < MIN_SATURATED_SLICE_FRACTION)
-        or wait_p50 < MIN_SATURATED_WAIT_MS
-    ):
+    dominates = (
+        share >= SATURATED_QUEUE_SHARE
+        and request_share >= SATURATED_QUEUE_SHARE
+        and (short or covered >= MIN_SATURATED_SLICE_FRACTION)
+        and wait_p50 >= MIN_SATURATED_WAIT_MS
+    )
+    heavy = wait_p50 >= HEAVY_WAIT_MS and share >= HEAVY_QUEUE_SHARE
+    if not dominates and not heavy:
         return None
     label = ctx.slice_label()
     slice_s = ctx.slice_ns / 1e9
@@ -154,7 +169,11 @@ def _saturated(ctx: Context, cls: str | None) -> Finding | None:
         tail = int(s["tail_slices"] or 0)
         if tail * 3 >= slices:
             where += f", every one from {duration(int(s['tail_from_slices'] or 0) * slice_s)} on"
-        when = "most of the time, not only in its busiest slices"
+        when = (
+            "most of the time, not only in its busiest slices"
+            if covered >= MIN_SATURATED_SLICE_FRACTION
+            else "in bursts, and the backlog they leave outlasts them"
+        )
     span = max(float(s["span_ms"] or 0.0), 1e-9)
     waiting = float(s["queue_wait_total"] or 0.0) / span
     served = float(s["compute_total"] or 0.0) / span
@@ -166,6 +185,9 @@ def _saturated(ctx: Context, cls: str | None) -> Finding | None:
         else f"queue wait is {pct(share)} of E2E, and at least {pct(bar)} in {where}: "
         f"the server accepts more work than it serves {when}"
     )
+    if not dominates:
+        # the queue stays short of half of E2E: the wait itself says it is heavy
+        text = f"the median request waits {ms(wait_p50)} in the queue; " + text
     evidence = [
         ev(
             text,
@@ -183,16 +205,21 @@ def _saturated(ctx: Context, cls: str | None) -> Finding | None:
         ),
     ]
     first, last = float(s["first_wait_p50"] or 0.0), float(s["last_wait_p50"] or 0.0)
-    evidence.append(_trend(first, last))
+    evidence.append(_trend(first, last, wait_p50, float(s["compute_p50"] or 0.0)))
+    lag = _lagging_backlog(ctx, by_arrivals or {}) if not short else None
+    if lag is not None:
+        evidence.append(lag)
     affected, examples = ctx.traces(ctx.query("affected_window", [SATURATED_QUEUE_SHARE]))
     # strength: how far the queue is past dominating, overall, for the median request and
     # across slices, and how far the wait outgrows the compute it waits for
+    # (heavy queueing short of dominating: how far past its bars the share and the wait are)
     compute = max(float(s["compute_p50"] or 0.0), 1e-9)
-    strength = (
+    strength = max(
         (share - SATURATED_QUEUE_SHARE) / 0.1
         + (request_share - SATURATED_QUEUE_SHARE) / 0.1
         + (0.0 if short else (covered - MIN_SATURATED_SLICE_FRACTION) / 0.1)
-        + max(0.0, wait_p50 / compute - 1.0)
+        + max(0.0, wait_p50 / compute - 1.0),
+        (share - HEAVY_QUEUE_SHARE) / 0.1 + min(1.0, wait_p50 / HEAVY_WAIT_MS - 1.0) if heavy else 0.0,
     )
     total = max(float(s["e2e_total"] or 0.0), 1e-9)
     return Finding(
@@ -225,7 +252,7 @@ def _one_tenants_burst(ctx: Context, busy_ids: list[int]) -> bool:
     return bool(tenant) and share >= BURST_TENANT_SHARE and share >= BURST_SHARE_RATIO * rest.get(tenant, 0.0)
 
 
-def _trend(first: float, last: float) -> dict[str, Any]:
+def _trend(first: float, last: float, wait_p50: float, compute_p50: float) -> dict[str, Any]:
     """Says whether the backlog grows (arrivals outpace service), holds, or drains."""
     numbers = {"first_queue_wait_p50_ms": first, "last_queue_wait_p50_ms": last}
     head = f"from {ms(first)} for the first fifth of arrivals to {ms(last)} for the last"
@@ -233,7 +260,36 @@ def _trend(first: float, last: float) -> dict[str, Any]:
         return ev(f"queue wait p50 rises {head}: arrivals outpace service and the backlog grows",
                   backlog="growing", **numbers)
     if first >= GROWING_WAIT_RATIO * max(last, 1e-9):
-        return ev(f"queue wait p50 falls {head}: the backlog drains, yet requests still wait "
-                  "longer than they compute", backlog="draining", **numbers)
+        still = (
+            "requests still wait longer than they compute"
+            if wait_p50 > compute_p50
+            else f"the median request still waits {ms(wait_p50)}"
+        )
+        return ev(f"queue wait p50 falls {head}: the backlog drains, yet {still}", backlog="draining", **numbers)
     return ev(f"queue wait p50 holds {head}: a steady backlog, the server running at capacity "
               "with requests always waiting", backlog="steady", **numbers)
+
+
+def _lagging_backlog(ctx: Context, by_arrivals: dict[bool, dict]) -> dict[str, Any] | None:
+    """Says, where it is so, that the busiest arrival slices queue no more than the rest: the
+    backlog a burst builds is waited out by the requests after it (why no peak is named)."""
+    busy_s, rest_s = by_arrivals.get(True), by_arrivals.get(False)
+    if not busy_s or not rest_s:
+        return None
+    arrivals = (busy_s["arrivals_mean"] or 0.0) / max(rest_s["arrivals_mean"] or 0.0, 1e-9)
+    if arrivals < MIN_ARRIVAL_RATIO:
+        return None  # no bursts to lag behind
+    busy_ids = [int(x) for x in busy_s["slice_ids"]]
+    rows = {r["busy"]: r for r in ctx.query("diag_peak", [busy_ids, ctx.slice_ns])}
+    busy, rest = rows.get(True), rows.get(False)
+    if not busy or not rest:
+        return None
+    qb, qr = float(busy["queue_share"] or 0.0), float(rest["queue_share"] or 0.0)
+    if qb > qr:
+        return None
+    return ev(
+        f"requests arriving in the busiest 10 % of {ctx.slice_label()} ({arrivals:.1f}× the arrivals) "
+        f"spend {pct(qb)} of E2E in the queue, the rest {pct(qr)}: the backlog lags behind the "
+        "bursts that build it, so the busiest slices are not the ones that wait",
+        busy_queue_share=qb, baseline_queue_share=qr, arrival_ratio=arrivals,
+    )

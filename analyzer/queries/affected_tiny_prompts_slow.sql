@@ -1,4 +1,13 @@
--- Small prompts (<= ? tokens) whose time went mostly to network + queue; worst first.
-SELECT trace_id, kept FROM req
-WHERE prompt_tokens <= ? AND e2e_ms > 0 AND (coalesce(network_ms, 0) + queue_ms) >= 0.5 * e2e_ms
-ORDER BY coalesce(network_ms, 0) + queue_ms DESC LIMIT 5000
+-- Small prompts (<= ? tokens) that spent at least half their wait for the first token on
+-- network + queue (the wait as diag_tiny_prompts defines it); worst first.
+WITH w AS (
+    SELECT trace_id, kept,
+           coalesce(ttft_client_ms, coalesce(network_ms, 0) + ttft_ms, e2e_ms) AS wait_ms,
+           CASE WHEN ttft_client_ms IS NULL AND ttft_ms IS NULL THEN prefill_ms + decode_ms
+                ELSE prefill_ms END AS first_compute_ms
+    FROM req
+    WHERE prompt_tokens <= ? AND e2e_ms > 0
+)
+SELECT trace_id, kept FROM w
+WHERE wait_ms > 0 AND wait_ms - first_compute_ms >= 0.5 * wait_ms
+ORDER BY wait_ms - first_compute_ms DESC LIMIT 5000

@@ -1,5 +1,7 @@
 -- p50/p90/p95/p99 of the per-request latencies, plus counts.
 -- The filtered request set arrives as the CTE `req` (see analyzer/filters.py).
+-- The itl_* figures bound the ITL percentiles estimated from the histograms
+-- (report.py `GapFigures`): with one request its own are the window's.
 SELECT
     count(*)                                            AS requests,
     count(*) FILTER (WHERE kept)                        AS kept,
@@ -22,6 +24,11 @@ SELECT
     sum(queue_wait_ms)                                  AS queue_wait_total,
     sum(tokenize_ms)                                    AS tokenize_total,
     sum(other_ms)                                       AS other_total,
+    count(itl_p50_ms)                                   AS itl_requests,
+    min(itl_p50_ms)                                     AS itl_p50_min,
+    min(itl_p95_ms)                                     AS itl_p95_min,
+    min(itl_p99_ms)                                     AS itl_p99_min,
+    max(itl_max_ms)                                     AS itl_gap_max,
     min(start_ns)                                       AS first_start_ns,
     max(start_ns)                                       AS last_start_ns
 FROM req
