@@ -83,7 +83,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 MAX_FRACTION_DIGITS = 9
 
 
-def _iso_ns(text: str, option: str) -> int:
+def iso_to_ns(text: str, option: str) -> int:
     """Gives ISO 8601 `text` in unix ns, exactly (UTC unless it says otherwise)."""
     fraction_ns, said = 0, text
     found = _FRACTION.search(text)
@@ -116,7 +116,7 @@ def parse_when(text: str | None, now_ns: int, option: str = "--since") -> int | 
     if _DURATION.fullmatch(raw):
         ago = sum(Fraction(n) * _UNIT_NS[unit] for n, unit in _DURATION_PART.findall(raw))
         return max(0, now_ns - int(ago))  # further back than 1970: everything
-    return _iso_ns(text.strip(), option)
+    return iso_to_ns(text.strip(), option)
 
 
 def window_bounds(
