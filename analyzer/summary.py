@@ -26,6 +26,12 @@ FLAG_IMPOSSIBLE_COUNT = "impossible_count"
 #: A reported time could not be one (NaN, ±inf, negative, beyond 2^63−1 ns; a span or
 #: token time before its request's start; token times out of order): dropped or sorted.
 FLAG_IMPOSSIBLE_VALUE = "impossible_value"
+#: The server answered without running the model (TGI: 429 overloaded, 422 validation
+#: error, a client gone while queued): only its time is known, no prefill, decode or TTFT.
+FLAG_NO_INFERENCE = "no_inference"
+#: No span named the model (vLLM's V1 engine and TGI never send one): `model` holds the
+#: service name.
+FLAG_MODEL_UNNAMED = "model_unnamed"
 #: Token counts are INTEGER columns (the `requests` table).
 MAX_TOKEN_COUNT = 2**31 - 1
 

@@ -7,7 +7,7 @@ is the same for every convention, so it lives here once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tokentrace.analyzer import summary as s
@@ -81,6 +81,7 @@ def build_summary(
     extra_model_keys: Sequence[str] = (),
     reader: ValueReader | None = None,
     decode_measured: bool = True,
+    error: bool = False,
 ) -> s.RequestSummary:
     """Gives the summary of `root` (the request's own server-side span) with `part` applied.
 
@@ -88,13 +89,18 @@ def build_summary(
     server side (a gateway's, an HTTP server's; `_sides.py`), None when `root` did.
     `reader` is the one the adapter read the request's attributes with: the flags
     its values call for are the request's.  `decode_measured`: False when the decode
-    bucket is 0 for want of a measure (then there is no TPOT either).
+    bucket is 0 for want of a measure (then there is no TPOT either).  `error`: the
+    adapter's own word that the request failed (besides an ERROR status on its spans).
     """
     rd = reader if reader is not None else ValueReader()
     outer = [x for x in (server, client) if x is not None]
     spans = [root, *related, *outer]
     first = _first_attr(spans)
     model = first((sc.REQUEST_MODEL, sc.RESPONSE_MODEL, *extra_model_keys), "")
+    if not model:
+        # vLLM's V1 engine and TGI name no model on their spans: the service name stands
+        # in, and the flag says so (a model column that reads `vllm.llm_engine`)
+        flags = [*flags, s.FLAG_MODEL_UNNAMED]
     tenant = first(TENANT_KEYS, "")
     traffic = first((sc.TRAFFIC_CLASS,), "") or sc.TRAFFIC_INTERACTIVE
     gpu_mem = rd.count(root.attributes.get(sc.GPU_MEM_MAX_BYTES))
@@ -128,7 +134,7 @@ def build_summary(
         environment=str(first(ENV_KEYS, "")),
         route=str(first((sc.ROUTE,), "")),
         cold_start=cold_start or rd.truth(first((sc.COLD_START,), False)),
-        error=any(x.status_code == STATUS_ERROR for x in spans),
+        error=error or any(x.status_code == STATUS_ERROR for x in spans),
         gpu_util_mean=rd.number(root.attributes.get(sc.GPU_UTIL_MEAN)),
         gpu_mem_max_bytes=gpu_mem,
         source=source,
@@ -187,6 +193,16 @@ def drop_impossible_counts(summary: s.RequestSummary) -> None:
 def _flag(summary: s.RequestSummary, flag: str) -> None:
     if flag not in summary.flags:
         summary.flags.append(flag)
+
+
+def made_a_token(spans: Iterable[Span], output_tokens: int | None) -> bool:
+    """Gives whether a request without token times produced a first token, so that the
+    end of its prefill may stand in for its TTFT: not when it says it produced none, nor
+    when it failed (an ERROR status on any of `spans`, its own) without saying how many
+    it produced."""
+    if output_tokens is not None:
+        return output_tokens > 0
+    return all(x.status_code != STATUS_ERROR for x in spans)
 
 
 def inside_any(trace: TraceView, marked: Callable[[Span], bool]) -> Callable[[Span], bool]:

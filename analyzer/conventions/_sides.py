@@ -39,6 +39,19 @@ class Sides:
     client: Span | None
     server: Span | None
 
+    def server_ns(self, own_ns: int) -> int:
+        """Gives the server's time of a request whose own span (or spans) took `own_ns`:
+        the outer server span's duration where it holds the request, else `own_ns`.
+
+        An outer span shorter than the request cannot have held it: an HTTP server span
+        that ends when a streamed answer's headers go out, before its body streams (an
+        instrumentation that closes its span with the response future).  Its duration
+        would cut the request's time short.  It is still the request's span (where E
+        starts, its route, its status)."""
+        if self.server is not None and self.server.duration_ns >= own_ns:
+            return self.server.duration_ns
+        return own_ns
+
 
 class RequestSides:
     """Gives each request of a trace its `Sides`.

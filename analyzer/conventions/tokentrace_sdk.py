@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
-from tokentrace.analyzer.conventions._common import build_summary
+from tokentrace.analyzer.conventions._common import build_summary, made_a_token
 from tokentrace.analyzer.conventions._sides import RequestSides, Sides
 from tokentrace.analyzer.conventions._values import ValueReader
-from tokentrace.analyzer.spans import STATUS_ERROR, Span, list_attr
+from tokentrace.analyzer.spans import Span, list_attr
 from tokentrace.analyzer.trace_view import TraceView
 from tokentrace.instrumentation import semconv as sc
 
@@ -53,14 +53,14 @@ def _summarize_request(trace: TraceView, req: Span, sides: Sides) -> s.RequestSu
         decode_spans = any(p.name == sc.SPAN_DECODE for p in phases)
         decode_ns = _sum_ns(phases, sc.SPAN_DECODE) if decode_spans else None
         ttft_ms = None
-        if prefill_spans and _made_a_token(req, phases, out_tokens):
+        if prefill_spans and made_a_token([req, *phases], out_tokens):
             # the end of prefill stands in for the first token (a non-streamed answer)
             ttft_ms = (max(p.end_ns for p in prefill_spans) - req.start_ns) / NS_PER_MS
 
     client = sides.client
     part = partition(
         # the outermost server span (a gateway's, an HTTP server's) where it is the request's
-        server_ns=sides.server.duration_ns if sides.server is not None else req.duration_ns,
+        server_ns=sides.server_ns(req.duration_ns),
         client_ns=client.duration_ns if client is not None else None,
         prefill_ns=prefill_ns,
         decode_ns=decode_ns or 0,
@@ -86,11 +86,3 @@ def _summarize_request(trace: TraceView, req: Span, sides: Sides) -> s.RequestSu
         reader=rd,
         decode_measured=decode_ns is not None,
     )
-
-
-def _made_a_token(req: Span, phases: list[Span], out_tokens: int | None) -> bool:
-    """Gives whether a request without token times produced a first token: not when it
-    says it produced none, nor when it failed without saying how many it produced."""
-    if out_tokens is not None:
-        return out_tokens > 0
-    return req.status_code != STATUS_ERROR and all(p.status_code != STATUS_ERROR for p in phases)

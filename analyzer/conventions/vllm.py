@@ -12,6 +12,14 @@ prefill/decode attributes: only time_in_queue, time_to_first_token, e2e (and
 time_in_scheduler / time_in_model_forward / time_in_model_execute).  There
 prefill = TTFT − time_in_queue and decode = e2e − TTFT, all measured from the
 same arrival time.
+
+No V1 span names the model: `do_tracing` (vllm/v1/engine/output_processor.py) sets no
+`gen_ai.response.model` nor `gen_ai.request.model` (V0's `create_trace_span` set the
+first), and the resource (vllm/tracing/otel.py `init_tracer`) holds only
+`service.name` = `vllm.llm_engine` (newest releases; `unknown_service` before),
+`vllm.instrumenting_module_name` and `vllm.process_id`.  The model then reads as the
+service name, flagged `model_unnamed`; `OTEL_RESOURCE_ATTRIBUTES=gen_ai.request.model=…`
+on the server names it.
 """
 
 from __future__ import annotations
@@ -73,7 +81,7 @@ def _summarize(trace: TraceView, span: Span, sides: Sides) -> s.RequestSummary:
     part = partition(
         # the attributes share one clock; the e2e attribute is their whole, unless an
         # outer server span (the API server's HTTP span, a gateway's) holds more
-        server_ns=sides.server.duration_ns if sides.server is not None else server_ns,
+        server_ns=sides.server_ns(server_ns),
         client_ns=client.duration_ns if client is not None else None,
         prefill_ns=prefill_ns,
         decode_ns=decode_ns or 0,

@@ -81,29 +81,46 @@ def client_wrap(
     )
 
 
+#: vLLM's resource (vllm/tracing/otel.py `init_tracer`): the instrumenting module is
+#: also the service name, the process id a string (`str(os.getpid())`).
+VLLM_RESOURCE = {"service.name": "vllm.llm_engine", "vllm.instrumenting_module_name": "vllm.llm_engine",
+                 "vllm.process_id": "4242"}
+
+
 def vllm_trace(
     queue: float, prefill: float, decode: float, *, tokens: int = 20, prompt: int = 100,
     wire: float | None = None, t0_ns: int = 1_700_000_000 * 10**9, disagree: bool = False,
-    resource: dict[str, Any] | None = None,
+    resource: dict[str, Any] | None = None, v0: bool = False,
 ) -> tuple[list[Span], Truth]:
+    """vLLM's `llm_request` span: the V1 engine's (vllm/v1/engine/output_processor.py
+    `do_tracing`; it names no model), or with `v0` the V0 engine's (vllm/engine/llm_engine.py
+    `create_trace_span`: `gen_ai.response.model`, no prefill/decode attributes, a
+    `TracerProvider()` without resource)."""
     tid = new_id(32)
     e2e = queue + prefill + decode
     client = client_wrap(tid, 0, e2e, wire, t0_ns) if wire is not None else None
-    attrs = {
+    attrs: dict[str, Any] = {
         "gen_ai.latency.time_to_first_token": (queue + prefill) / 1000,
         "gen_ai.latency.e2e": e2e / 1000,
         "gen_ai.latency.time_in_queue": queue / 1000,
-        "gen_ai.latency.time_in_model_prefill": prefill / 1000,
-        "gen_ai.latency.time_in_model_decode": decode / 1000,
-        "gen_ai.latency.time_in_model_inference": (prefill + decode) / 1000,
         "gen_ai.usage.prompt_tokens": prompt,
         "gen_ai.usage.completion_tokens": tokens,
         "gen_ai.request.id": f"cmpl-{tid[:8]}",
-        "gen_ai.response.model": "llama",
     }
+    if v0:
+        attrs.update({"gen_ai.response.model": "llama", "gen_ai.request.temperature": 0.7,
+                      "gen_ai.request.top_p": 1.0, "gen_ai.request.max_tokens": 256,
+                      "gen_ai.request.n": 1, "gen_ai.usage.num_sequences": 1})
+    else:
+        attrs.update({"gen_ai.latency.time_in_model_prefill": prefill / 1000,
+                      "gen_ai.latency.time_in_model_decode": decode / 1000,
+                      "gen_ai.latency.time_in_model_inference": (prefill + decode) / 1000,
+                      "gen_ai.response.finish_reasons": '["stop"]',
+                      "gen_ai.request.max_tokens": 256, "gen_ai.request.n": 1})
     dur = e2e * (1.5 if disagree else 1.0)
+    default = {"service.name": "unknown_service"} if v0 else dict(VLLM_RESOURCE)
     srv = span(tid, "llm_request", 0, dur, parent=client, kind=KIND_SERVER, attrs=attrs,
-               resource=resource or {"service.name": "vllm", "vllm.process_id": 4242}, t0_ns=t0_ns)
+               resource=resource or default, t0_ns=t0_ns)
     spans = [srv] + ([client] if client else [])
     return spans, Truth(e2e + (wire or 0), queue, prefill, decode, wire, queue + prefill, tokens)
 
@@ -111,37 +128,67 @@ def vllm_trace(
 def sglang_trace(
     tokenize: float, wait: float, prefill: float, decode: float, *, other: float = 2.0,
     tokens: int = 16, wire: float | None = None, t0_ns: int = 1_700_000_000 * 10**9,
-    prompt: int = 50,
+    prompt: int = 50, decode_wait: float | None = None,
 ) -> tuple[list[Span], Truth]:
+    """SGLang unified (python/sglang/srt/observability/trace.py, req_time_stats.py): root
+    `" Req <rid8>"`; the tokenizer thread's `tokenize`, `dispatch`; the scheduler's
+    `request_process`, `prefill_waiting` (the wait), `prefill_forward` (`chunked_prefill`
+    inside), `decode_waiting` (first token → first decode batch: decode time),
+    `decode_forward` with one `decode_loop` per step.  `decode` is first → last token;
+    `other` is spread over dispatch, request processing and the answer's way out."""
     tid = new_id(16)  # SGLang's own 64-bit trace ids
+    rid = tid * 2  # the whole rid (a uuid's hex); its first 8 characters name the root
     e2e = tokenize + wait + prefill + decode + other
     client = client_wrap(tid, 0, e2e, wire, t0_ns) if wire is not None else None
-    attrs = {
-        "gen_ai.latency.time_to_first_token": (tokenize + wait + prefill) / 1000,
+    dispatch, process, finish = other / 4, other / 4, other / 2
+    dw = min(decode / 10, 2.0) if decode_wait is None else decode_wait
+    sched_start = tokenize + dispatch
+    first = sched_start + process + wait + prefill  # the first token: prefill finished
+    attrs: dict[str, Any] = {
+        "rid": rid, "module": "sglang::request",
+        # tokenizer_manager's span attributes (`convert_to_gen_ai_span_attrs` for the times)
+        "gen_ai.usage.completion_tokens": tokens, "gen_ai.usage.prompt_tokens": prompt,
+        "gen_ai.usage.cached_tokens": 0, "gen_ai.request.id": rid,
+        "gen_ai.request.max_tokens": 256, "gen_ai.response.model": "qwen",
+        "gen_ai.response.finish_reasons": '["stop"]',
+        "gen_ai.latency.time_to_first_token": first / 1000,
         "gen_ai.latency.e2e": e2e / 1000,
-        "gen_ai.latency.time_in_queue": wait / 1000,
-        # SGLang's prefill attribute includes the queue wait
-        "gen_ai.latency.time_in_model_prefill": (wait + prefill) / 1000,
-        "gen_ai.latency.time_in_model_decode": decode / 1000,
-        "gen_ai.usage.prompt_tokens": prompt,
-        "gen_ai.usage.completion_tokens": tokens,
+        "gen_ai.latency.time_in_model_decode": (e2e - first) / 1000,
+        "gen_ai.latency.time_in_model_inference": (e2e - sched_start) / 1000,
+        # first token − dispatch: the queue wait is inside it
+        "gen_ai.latency.time_in_model_prefill": (first - sched_start) / 1000,
     }
-    root = span(tid, f" Req {tid[:8]}", 0, e2e, parent=client, attrs=attrs,
+    root = span(tid, f" Req {rid[:8]}", 0, e2e, parent=client, attrs=attrs,
                 resource={"service.name": "sglang"}, t0_ns=t0_ns)
-    tok_thread = span(tid, "Tokenizer (pid 7)", 0, tokenize, root, t0_ns=t0_ns)
-    sched = span(tid, "Scheduler [TP 0] (pid 8)", tokenize, wait + prefill + decode, root, t0_ns=t0_ns)
-    t = tokenize
+    host = "0a1b2c3d4e5f60718293a4b5c6d7e8f9"
+    tok_thread = span(tid, f"Tokenizer(host:{host[:8]} | pid:7)", 0, sched_start, root,
+                      attrs={"host_id": host, "pid": 7, "thread_label": "Tokenizer"}, t0_ns=t0_ns)
+    sched = span(tid, f"Scheduler [TP 0] (host:{host[:8]} | pid:8)", sched_start,
+                 e2e - finish - sched_start, root,
+                 attrs={"tp_rank": 0, "host_id": host, "pid": 8, "thread_label": "Scheduler"},
+                 t0_ns=t0_ns)
     slices = [span(tid, "tokenize", 0, tokenize, tok_thread, t0_ns=t0_ns),
-              span(tid, "prefill_waiting", t, wait, sched, t0_ns=t0_ns)]
-    t += wait
+              span(tid, "dispatch", tokenize, dispatch, tok_thread, t0_ns=t0_ns)]
+    t = sched_start
+    for name, dur in (("request_process", process), ("prefill_waiting", wait)):
+        slices.append(span(tid, name, t, dur, sched, t0_ns=t0_ns))
+        t += dur
     pf = span(tid, "prefill_forward", t, prefill, sched, t0_ns=t0_ns)
-    chunk = span(tid, "chunked_prefill", t, prefill / 2, pf, t0_ns=t0_ns)
+    chunk = span(tid, "chunked_prefill", t, prefill, pf, t0_ns=t0_ns)
     t += prefill
-    df = span(tid, "decode_forward", t, decode, sched, t0_ns=t0_ns)
-    loop = span(tid, "decode_loop", t, decode, df, t0_ns=t0_ns)
-    spans = [root, tok_thread, sched, *slices, pf, chunk, df, loop] + ([client] if client else [])
+    spans = [root, tok_thread, sched, *slices, pf, chunk]
+    if tokens > 1:
+        spans.append(span(tid, "decode_waiting", t, dw, sched, t0_ns=t0_ns))
+        t += dw
+        df = span(tid, "decode_forward", t, decode - dw, sched, t0_ns=t0_ns)
+        spans.append(df)
+        step = (decode - dw) / (tokens - 1)
+        for i in range(tokens - 1):
+            spans.append(span(tid, "decode_loop", t + i * step, step, df, attrs={"decode_ct": i},
+                              t0_ns=t0_ns))
+    spans += [client] if client else []
     return spans, Truth(e2e + (wire or 0), tokenize + wait + other, prefill, decode, wire,
-                        tokenize + wait + prefill, tokens)
+                        first, tokens)
 
 
 def rust(ms: float) -> str:
@@ -155,17 +202,30 @@ def rust(ms: float) -> str:
     return f"{round(ms * 1e6)}ns"
 
 
+#: The routes of TGI's handlers (router/src/server.rs).
+TGI_ROUTES = {"generate": "/generate", "generate_stream": "/generate_stream",
+              "chat_completions": "/v1/chat/completions", "completions": "/v1/completions"}
+#: The time (ms) axum's OpenTelemetry layer spends on each side of the handler.
+TGI_HTTP_MS = 0.05
+
+
 def tgi_trace(
     validation: float, queue: float, prefill: float, itl: float, tokens: int, *,
     handler: str = "generate_stream", wire: float | None = None,
     t0_ns: int = 1_700_000_000 * 10**9, attrs_only: bool = False,
     gaps: list[float] | None = None,
 ) -> tuple[list[Span], Truth]:
+    """TGI's router (router/src/server.rs, infer/mod.rs, queue.rs): axum's `POST /…` SERVER
+    span → the handler (the timing fields) → `async_stream` (streamed answers; `generate`
+    goes through `Infer::generate` instead) → `generate_stream` (`Infer::generate_stream`)
+    → `validate`, `schedule` → `queued` and one `infer` per forward step.  `spans[0]` is
+    the handler.  `attrs_only`: a sender that dropped the `queued` and `infer` spans."""
     tid = new_id(32)
     gaps = gaps if gaps is not None else [itl] * (tokens - 1)
     decode = sum(gaps)
     e2e = validation + queue + prefill + decode
-    client = client_wrap(tid, 0, e2e, wire, t0_ns) if wire is not None else None
+    server = e2e + 2 * TGI_HTTP_MS
+    client = client_wrap(tid, -TGI_HTTP_MS, server, wire, t0_ns) if wire is not None else None
     attrs = {
         "total_time": rust(e2e),
         "validation_time": rust(validation),
@@ -174,15 +234,29 @@ def tgi_trace(
         "time_per_token": rust((prefill + decode) / tokens),
         "seed": "None",
     }
-    h = span(tid, handler, 0, e2e, parent=client, attrs=attrs,
-             resource={"service.name": "text-generation-inference.router"}, t0_ns=t0_ns)
-    spans = [h] + ([client] if client else [])
+    if handler in ("generate", "generate_stream"):
+        attrs["parameters"] = "GenerateParameters { best_of: None, temperature: None, max_new_tokens: Some(64) }"
+    res = {"service.name": "text-generation-inference.router"}
+    route = TGI_ROUTES.get(handler, "/generate")
+    http = span(tid, f"POST {route}", -TGI_HTTP_MS, server, parent=client, kind=KIND_SERVER,
+                attrs={"http.request.method": "POST", "http.route": route, "url.path": route,
+                       "http.response.status_code": 200},
+                resource=res, t0_ns=t0_ns)
+    h = span(tid, handler, 0, e2e, http, attrs=attrs, t0_ns=t0_ns)
+    if handler == "generate":  # Infer::generate → Infer::generate_stream
+        outer = span(tid, "generate", 0, e2e, h, t0_ns=t0_ns)
+    else:  # info_span!(parent: &span, "async_stream") around Infer::generate_stream
+        outer = span(tid, "async_stream", 0, e2e, h, t0_ns=t0_ns)
+    infer_side = span(tid, "generate_stream", 0, e2e, outer, t0_ns=t0_ns)
+    validate = span(tid, "validate", 0, validation, infer_side, t0_ns=t0_ns)
+    schedule = span(tid, "schedule", validation, e2e - validation, infer_side, t0_ns=t0_ns)
+    spans = [h] + ([client] if client else []) + [http, outer, infer_side, validate, schedule]
     if not attrs_only:
-        spans.append(span(tid, "queued", validation, queue, h, t0_ns=t0_ns))
+        spans.append(span(tid, "queued", validation, queue, schedule, t0_ns=t0_ns))
         t = validation + queue
         for i in range(tokens):
             d = prefill if i == 0 else gaps[i - 1]
-            spans.append(span(tid, "infer", t, d, h, t0_ns=t0_ns,
+            spans.append(span(tid, "infer", t, d, schedule, t0_ns=t0_ns,
                               links=[SpanLink(new_id(32), new_id(), {})]))
             t += d
     truth_prefill = prefill
@@ -191,8 +265,9 @@ def tgi_trace(
         # without infer spans only time_per_token is known: the prefill is estimated as one step
         truth_prefill = (prefill + decode) / tokens
         truth_decode = prefill + decode - truth_prefill
-    return spans, Truth(e2e + (wire or 0), validation + queue, truth_prefill, truth_decode, wire,
-                        None if attrs_only else validation + queue + prefill, tokens)
+    return spans, Truth(server + (wire or 0), validation + queue + 2 * TGI_HTTP_MS, truth_prefill,
+                        truth_decode, wire, None if attrs_only else validation + queue + prefill,
+                        tokens)
 
 
 def genai_client_trace(

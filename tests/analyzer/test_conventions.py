@@ -40,7 +40,9 @@ def test_vllm_buckets(wire: float | None) -> None:
     assert r.queue_wait_ms == pytest.approx(120.0)
     assert r.tpot_ms == pytest.approx(30.0)
     assert r.output_tokens == 31 and r.prompt_tokens == 100
-    assert r.model == "llama" and r.instance == "4242"
+    # V1 names no model (`do_tracing` sets no gen_ai.*.model): the service name stands in, flagged
+    assert r.model == "vllm.llm_engine" and s.FLAG_MODEL_UNNAMED in r.flags
+    assert r.instance == "4242"  # vllm.process_id, a string (str(os.getpid()))
     assert s.FLAG_SOURCES_DISAGREE not in r.flags
 
 
@@ -57,11 +59,18 @@ def test_sglang_queue_comes_from_prefill_waiting(wire: float | None) -> None:
     # time_in_model_prefill (310 ms) includes the wait; prefill itself is 60 ms
     assert r.queue_wait_ms == pytest.approx(250.0)
     assert r.tokenize_ms == pytest.approx(4.0)
-    assert r.request_id == spans[0].trace_id[:8]
+    assert r.request_id == spans[0].attributes["rid"]  # the whole rid; the name has 8 characters
 
 
 def test_sglang_attributes_only() -> None:
     spans, truth = f.sglang_trace(0.0, 250.0, 60.0, 300.0, other=0.0)
+    # SGLang's time_in_model_prefill is first token − dispatch, and it sends no
+    # time_in_queue: without the slices the wait cannot be told from the prefill
+    (r,) = summarize_trace(spans[:1]).requests
+    assert _close(r.prefill_ms, 310.0) and _close(r.queue_ms, 0.0) and _close(r.decode_ms, 300.0)
+    assert s.FLAG_NO_TOKEN_TIMES in r.flags
+    # a sender that adds the wait as time_in_queue has it taken out
+    spans[0].attributes["gen_ai.latency.time_in_queue"] = 0.25
     (r,) = summarize_trace(spans[:1]).requests
     assert _close(r.prefill_ms, 60.0) and _close(r.queue_ms, 250.0) and _close(r.decode_ms, 300.0)
 
