@@ -35,3 +35,21 @@ def test_free_port_never_gives_a_port_twice(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(tt_testkit, "_given_ports", set())
     monkeypatch.setattr(socket, "socket", _KernelGivingBackTheSamePort)
     assert [tt_testkit.free_port(), tt_testkit.free_port(), tt_testkit.free_port()] == [40001, 40002, 40003]
+
+
+def test_free_port_on_ipv6_never_gives_a_port_given_on_ipv4(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`serve --host ::1` takes its ports from ::1 (the same flake, and `serve` refuses two equal
+    port numbers even on different addresses): one registry for both families."""
+
+    class Kernel(_KernelGivingBackTheSamePort):
+        ports = [40001, 40001, 40001, 40002]
+        families: list[int] = []
+
+        def __init__(self, family: int = socket.AF_INET, *args: Any) -> None:
+            super().__init__()
+            self.families.append(family)
+
+    monkeypatch.setattr(tt_testkit, "_given_ports", set())
+    monkeypatch.setattr(socket, "socket", Kernel)
+    assert [tt_testkit.free_port(), tt_testkit.free_port("::1")] == [40001, 40002]
+    assert Kernel.families == [socket.AF_INET] + [socket.AF_INET6] * 3

@@ -19,14 +19,17 @@ _given_ports: set[int] = set()
 _given_lock = threading.Lock()
 
 
-def free_port() -> int:
-    """Gives a TCP port on 127.0.0.1 that was free a moment ago, never the same one twice in a
-    test process: the kernel may hand a just-closed port straight back, and a test that asks
-    for three ports in a row once started `serve` with its OTLP/HTTP and web ports equal."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """Gives a TCP port on `host` (127.0.0.1, or an IPv6 literal such as ::1) that was free a
+    moment ago, never the same one twice in a test process, whatever the address: the kernel
+    may hand a just-closed port straight back, and a test that asks for three ports in a row
+    once started `serve` with its OTLP/HTTP and web ports equal (`serve` refuses two equal
+    port numbers even on different addresses)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with _given_lock:
         while True:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind(("127.0.0.1", 0))
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((host, 0))
                 port = int(s.getsockname()[1])
             if port not in _given_ports:
                 _given_ports.add(port)
@@ -77,6 +80,30 @@ class ServeProcess:
         finally:
             conn.close()
 
+    def warm_decoder(self, timeout: float = 120.0) -> None:
+        """Makes the server start its decode worker now, with an OTLP/HTTP export that holds
+        no span but is big enough to be decoded off-process.
+
+        serve spawns the worker (a new interpreter) on the first big export, inside that
+        export's request: 0.8-1.8 s on an idle machine here, over 4 s on a loaded one, past
+        the SDK's 3 s export timeout, so the SDK drops that batch (it had landed) and
+        pauses its exports for 5 s, dropping more.  A test of "every span arrives" warms
+        the worker first."""
+        import urllib.request
+
+        from tokentrace.collector.decode_pool import OFFLOAD_MIN_BYTES
+
+        pad = bytes(2 * OFFLOAD_MIN_BYTES)
+        # one field the OTLP message does not define (number 1000, length-delimited):
+        # parsed and skipped, so the export is valid and empty
+        body = _varint(1000 << 3 | 2) + _varint(len(pad)) + pad
+        request = urllib.request.Request(
+            f"{self.otlp_http}/v1/traces", data=body, headers={"Content-Type": "application/x-protobuf"}
+        )
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy
+        with opener.open(request, timeout=timeout) as reply:
+            assert reply.status == 200, reply.read()
+
     def stop(self, timeout: float = 30.0) -> str:
         """SIGTERMs the server (it decides and flushes everything) and gives its output."""
         if self.proc.poll() is None:
@@ -91,6 +118,15 @@ class ServeProcess:
         out = self.proc.stdout.read().decode()
         self.proc.stdout.close()
         return out
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
 
 
 def start_serve(tmp_path: Path, *extra: str, db: Path | None = None) -> ServeProcess:
@@ -109,11 +145,30 @@ def start_serve(tmp_path: Path, *extra: str, db: Path | None = None) -> ServePro
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     server = ServeProcess(proc, db, *ports)
     try:
-        wait_for_port(ports[0], proc=proc)
+        wait_started(server)
     except Exception:
         server.stop()
         raise
     return server
+
+
+def wait_started(server: ServeProcess, timeout: float = 60.0) -> None:
+    """Waits until `server` has finished starting: every port accepts connections and its
+    note beside the database names its pid (written last, once every server is up; what
+    `report --db` reads to name the server's URL).  The OTLP/HTTP port opens before the
+    rest of the start is done: when only it was waited for, the note was not there yet at
+    every one of 20 starts tried, and a test's next step raced the end of the start."""
+    deadline = time.monotonic() + timeout
+    for port in (server.http_port, server.grpc_port, server.web_port):
+        wait_for_port(port, max(0.0, deadline - time.monotonic()), server.proc)
+    from tokentrace.store.serve_note import read_note
+
+    while (note := read_note(server.db)) is None or note["pid"] != server.proc.pid:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {server.proc.returncode} while starting")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"serve wrote no note beside {server.db} in {timeout} s")
+        time.sleep(0.02)
 
 
 class ThreadServer:

@@ -14,6 +14,7 @@ from . import spanfactory as f
 ns = st.integers(min_value=-10**10, max_value=10**12)
 
 
+@settings(deadline=None)  # what is checked is arithmetic: a loaded machine's 200 ms pause is no failure
 @given(server=ns, prefill=ns, decode=ns, client=st.none() | ns, wait=ns, tokenize=ns)
 def test_partition_adds_up_exactly(server, prefill, decode, client, wait, tokenize) -> None:  # type: ignore[no-untyped-def]
     p = partition(server_ns=server, prefill_ns=prefill, decode_ns=decode, client_ns=client,

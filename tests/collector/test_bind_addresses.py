@@ -57,12 +57,6 @@ def _ipv6_loopback() -> str | None:
 needs_ipv6 = pytest.mark.skipif(_ipv6_loopback() is not None, reason=str(_ipv6_loopback()))
 
 
-def _free_port_v6() -> int:
-    with socket.socket(socket.AF_INET6) as s:
-        s.bind(("::1", 0))
-        return int(s.getsockname()[1])
-
-
 def _store_files(db: Path) -> list[str]:
     return sorted(p.name for p in db.parent.iterdir() if p.name.startswith(db.name))
 
@@ -74,9 +68,11 @@ def _store_files(db: Path) -> list[str]:
 @pytest.mark.parametrize("flag", ["--host", "--otlp-host"])
 def test_serve_on_the_ipv6_loopback(tmp_path: Path, flag: str) -> None:
     db = tmp_path / "t.duckdb"
-    http_port, grpc_port = _free_port_v6(), _free_port_v6()
+    # free_port: never the same port twice (a bare bind(0) can give a just-closed port back,
+    # and serve refuses equal ports, even one on ::1 and one on 127.0.0.1)
+    http_port, grpc_port = free_port("::1"), free_port("::1")
     web_host = "[::1]" if flag == "--host" else "127.0.0.1"
-    web_port = _free_port_v6() if flag == "--host" else free_port()
+    web_port = free_port("::1") if flag == "--host" else free_port()
     cmd = [sys.executable, "-m", "tokentrace", "-v", "serve", "--db", str(db), flag, "::1",
            "--http-port", str(http_port), "--grpc-port", str(grpc_port),
            "--web-port", str(web_port), "--decode-processes", "0"]  # fmt: skip

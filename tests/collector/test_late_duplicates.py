@@ -29,14 +29,21 @@ def sent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[LiveC
         stop()
 
 
+#: A decode worker starts (a new interpreter) inside the first export it decodes: over 4 s
+#: on a loaded machine, near httpx's default 5 s timeout
+SEND_TIMEOUT_S = 60
+
+
 def _send(live: LiveCollector, how: str, spans: list[Span]) -> None:
     export = to_protobuf(spans)
     if how == "grpc":
         with grpc.insecure_channel(live.grpc_target) as channel:
-            reply = trace_service_pb2_grpc.TraceServiceStub(channel).Export(export, timeout=5)
+            stub = trace_service_pb2_grpc.TraceServiceStub(channel)
+            reply = stub.Export(export, timeout=SEND_TIMEOUT_S)
         assert reply.partial_success.rejected_spans == 0
     else:
-        r = httpx.post(f"{live.http}/v1/traces", content=export.SerializeToString(), headers=PB)
+        r = httpx.post(f"{live.http}/v1/traces", content=export.SerializeToString(), headers=PB,
+                       timeout=SEND_TIMEOUT_S)  # fmt: skip
         assert r.status_code == 200, r.text
 
 
@@ -105,20 +112,26 @@ def test_a_dropped_trace_sent_again_is_counted_dropped(live) -> None:  # type: i
     assert 'tokentrace_late_spans_total{kept="false"} 6.0' in metrics
 
 
-def test_a_retry_inside_the_buffer_and_after_the_decision_agree(live) -> None:  # type: ignore[no-untyped-def]
+def test_a_retry_inside_the_buffer_and_after_the_decision_agree(tmp_path: Path) -> None:
     # the same retried export, once while its trace is buffered and once after:
-    # both store the trace's spans once
-    before, after = request_trace(error=True), request_trace(error=True)
-    for spans in (before, after):
-        body = to_protobuf(spans).SerializeToString()
-        assert httpx.post(f"{live.http}/v1/traces", content=body, headers=PB).status_code == 200
-        if spans is after:
-            live.settle()
-        assert httpx.post(f"{live.http}/v1/traces", content=body, headers=PB).status_code == 200
-    assert _stored(live, before[0].trace_id) == _stored(live, after[0].trace_id) == (6, 6, 1, 1)
-    metrics = httpx.get(f"{live.http}/metrics").text
-    assert 'tokentrace_duplicate_spans_total{when="buffered"} 6.0' in metrics
-    assert 'tokentrace_duplicate_spans_total{when="late"} 6.0' in metrics
+    # both store the trace's spans once.  A long grace keeps `before` buffered until
+    # the test decides (settle): with the usual 0.2 s, a loaded machine's pause between
+    # the two posts let the decider take it first, and its retry came late too
+    live, stop = start_live(tmp_path, grace_s=600)
+    try:
+        before, after = request_trace(error=True), request_trace(error=True)
+        for spans in (before, after):
+            body = to_protobuf(spans).SerializeToString()
+            assert httpx.post(f"{live.http}/v1/traces", content=body, headers=PB).status_code == 200
+            if spans is after:
+                live.settle()
+            assert httpx.post(f"{live.http}/v1/traces", content=body, headers=PB).status_code == 200
+        assert _stored(live, before[0].trace_id) == _stored(live, after[0].trace_id) == (6, 6, 1, 1)
+        metrics = httpx.get(f"{live.http}/metrics").text
+        assert 'tokentrace_duplicate_spans_total{when="buffered"} 6.0' in metrics
+        assert 'tokentrace_duplicate_spans_total{when="late"} 6.0' in metrics
+    finally:
+        stop()
 
 
 def test_kept_span_ids_are_held_only_with_cached_decisions(make_rig) -> None:  # type: ignore[no-untyped-def]
@@ -143,7 +156,8 @@ def test_a_span_twice_in_one_export_is_stored_once(tmp_path: Path, offload: bool
     try:
         kept = request_trace(error=True)
         body = to_protobuf(kept + kept).SerializeToString()
-        assert httpx.post(f"{live.http}/v1/traces", content=body, headers=PB).status_code == 200
+        r = httpx.post(f"{live.http}/v1/traces", content=body, headers=PB, timeout=SEND_TIMEOUT_S)
+        assert r.status_code == 200
         assert _stored(live, kept[0].trace_id) == (6, 6, 1, 1)
         assert live.collector.pipeline.stats.duplicate_spans_dropped == 6
     finally:

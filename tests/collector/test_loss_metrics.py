@@ -54,17 +54,21 @@ def test_steps_past_a_batch_spans_cap_are_counted_on_metrics(tmp_path: Path, off
 
 
 def test_rows_decided_after_the_writer_stopped_are_counted_on_metrics(tmp_path: Path) -> None:
-    live, stop = start_live(tmp_path, grace_s=1.5)
+    live, stop = start_live(tmp_path, grace_s=0.2)
     try:
         writer = live.collector.writer
-        assert _counter(live, "tokentrace_rows_lost") == 0
-        for _ in range(3):  # taken while the writer runs; decided after the grace
-            body = to_protobuf(request_trace()).SerializeToString()
-            assert httpx.post(f"{live.http}/v1/traces", content=body, headers=PB, timeout=30).status_code == 200
-        _kill(writer)
-        assert writer.submit(_one_request())  # its write ends the thread
-        _wait_dead(writer)
         pipeline = live.collector.pipeline
+        assert _counter(live, "tokentrace_rows_lost") == 0
+        # the decider waits (its lock held) until the writer thread has stopped: a trace it
+        # decided before would be written, not lost, and no grace is long enough for the
+        # posts of a loaded machine (1.5 s was not)
+        with pipeline._decide_lock:
+            for _ in range(3):  # taken while the writer runs; decided after the grace
+                body = to_protobuf(request_trace()).SerializeToString()
+                assert httpx.post(f"{live.http}/v1/traces", content=body, headers=PB, timeout=30).status_code == 200
+            _kill(writer)
+            assert writer.submit(_one_request())  # its write ends the thread
+            _wait_dead(writer)
         deadline = time.monotonic() + 20
         while pipeline.stats.traces_lost < 3 and time.monotonic() < deadline:
             time.sleep(0.05)

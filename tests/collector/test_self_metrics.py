@@ -43,7 +43,9 @@ def _value(families: dict[str, Any], family: str, sample: str | None = None, **l
 
 
 def _send(live: Any, spans: list[Any]) -> None:
-    r = httpx.post(f"{live.http}/v1/traces", content=to_protobuf(spans).SerializeToString(), headers=PB)
+    # (a decode worker starts inside the first export it decodes: over 4 s on a loaded
+    # machine, near httpx's default 5 s timeout)
+    r = httpx.post(f"{live.http}/v1/traces", content=to_protobuf(spans).SerializeToString(), headers=PB, timeout=60)
     assert r.status_code == 200, r.text
 
 

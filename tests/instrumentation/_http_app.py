@@ -83,8 +83,13 @@ def run_app(app: FastAPI, port: int, **config: Any) -> Iterator[str]:
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
+    # a loaded machine may take seconds to start uvicorn's thread; and a server that did not
+    # start is said here, not as a refused connection later
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"the test app did not start on 127.0.0.1:{port}")
         time.sleep(0.01)
     try:
         yield f"http://127.0.0.1:{port}"

@@ -181,7 +181,9 @@ def test_a_second_configure_does_not_wait_on_the_dead_collector(black_hole) -> N
     _requests()
     second = InMemorySpanExporter()
     took, tracing = _timed(lambda: tt.configure(service_name="second", exporter=second))
-    assert took < 2.0  # the old configuration ends in the background
+    # the old configuration ends in the background (it took 30 s); 2 s was not far enough
+    # from a loaded machine's 2.1 s, while the old one's shutdown thread encodes its spans
+    assert took < BOUND_S
     with tt.request(request_id="after") as req:
         req.token()
     took, ok = _timed(lambda: tracing.force_flush(5_000))
@@ -249,6 +251,9 @@ def test_a_replaced_configuration_still_delivers_to_a_healthy_collector(receiver
 
 
 def test_every_span_reaches_a_real_collector(serve) -> None:  # type: ignore[no-untyped-def]
+    # serve's decode worker starts inside the first big export, past the SDK's export timeout
+    # on a loaded machine (then that batch and the next 5 s are dropped): started first
+    serve.warm_decoder()
     tt.configure(endpoint=serve.otlp_http, service_name="real")
     _requests(300)
     tt.shutdown()
@@ -301,11 +306,21 @@ def test_concurrent_first_requests_configure_once(monkeypatch) -> None:  # type:
 # ---- interpreter exit --------------------------------------------------------------
 
 
-def _exit_time(script: str, env: dict[str, str] | None = None) -> float:
+#: An exit handler registered before the script imports tokentrace: handlers run last
+#: registered first, so it runs once the SDK's own exit work (its handlers, the thread
+#: joins before them) is done, and before the interpreter's teardown.
+_AT_EXIT_DONE = """
+import atexit as _atexit, time as _time
+_atexit.register(lambda: print("exited", _time.time(), flush=True))
+"""
+
+
+def _exit_time(script: str, env: dict[str, str] | None = None) -> tuple[float, float]:
     """Runs `script`, which prints `exiting <time.time()>` last; gives the seconds from
-    then until the process ended."""
+    then until the SDK's exit work was done, and until the process ended.  The second
+    adds the interpreter's own teardown: ~0.2 s here, ~1 s on a loaded machine."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(script)],
+        [sys.executable, "-c", _AT_EXIT_DONE + textwrap.dedent(script)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env={**os.environ, **(env or {})},
@@ -317,14 +332,15 @@ def _exit_time(script: str, env: dict[str, str] | None = None) -> float:
         raise
     ended = time.time()
     assert proc.returncode == 0
-    (line,) = [ln for ln in out.decode().splitlines() if ln.startswith("exiting ")]
-    return ended - float(line.split()[1])
+    said = {ln.split()[0]: float(ln.split()[1]) for ln in out.decode().splitlines()
+            if ln.startswith(("exiting ", "exited "))}  # fmt: skip
+    return said["exited"] - said["exiting"], ended - said["exiting"]
 
 
 @pytest.mark.parametrize("collector", ["black_hole", "refused"])
 def test_exit_is_bounded_with_the_collector_down(collector: str, request) -> None:  # type: ignore[no-untyped-def]
     url = request.getfixturevalue("black_hole").url if collector == "black_hole" else _refused_url()
-    took = _exit_time(
+    _, took = _exit_time(
         f"""
         import time
         from tokentrace import instrumentation as tt
@@ -341,7 +357,7 @@ def test_exit_is_bounded_with_the_collector_down(collector: str, request) -> Non
 
 
 def test_one_request_without_configure_then_exit_is_quick_when_refused() -> None:
-    took = _exit_time(
+    at_exit, took = _exit_time(
         """
         import time
         from tokentrace import instrumentation as tt
@@ -351,11 +367,14 @@ def test_one_request_without_configure_then_exit_is_quick_when_refused() -> None
         """,
         env={"TOKENTRACE_ENDPOINT": _refused_url()},
     )
-    assert took < 2.0  # it was 4 s of the exporter's retries with backoff
+    # the SDK's exit work: it was 4 s of the exporter's retries with backoff (the whole exit
+    # was held to 2 s, which the interpreter's teardown alone nears on a loaded machine)
+    assert at_exit < 2.0
+    assert took < BOUND_S
 
 
 def test_exit_still_delivers_to_a_healthy_collector(receiver) -> None:  # type: ignore[no-untyped-def]
-    took = _exit_time(
+    _, took = _exit_time(
         f"""
         import time
         from tokentrace import instrumentation as tt

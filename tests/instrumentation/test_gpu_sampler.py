@@ -10,10 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from tt_testkit import free_port
 
 from tokentrace import instrumentation as tt
-from tokentrace.instrumentation import _gpu
+from tokentrace.instrumentation import _gpu, _safety
 from tokentrace.instrumentation import semconv as sc
 from tokentrace.store.connection import open_read_only
 
@@ -59,7 +58,8 @@ class MetricsReceiver:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        # port 0: bound here, at once (a port picked first could be taken before the bind)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -179,14 +179,25 @@ def test_summary_covers_only_the_window() -> None:
     assert sampler.summary(0, 1) is None
 
 
-def test_broken_backend_is_logged_once_and_never_raises(receiver, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_broken_backend_is_logged_once_and_never_raises(receiver, caplog, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # log_once's sites are once per process: an earlier failure at this site (another
+    # test's, or this one run again) would leave nothing to log here
+    monkeypatch.setattr(_safety, "_seen", set())
+
     class Broken(FakeNvml):
         def read(self, index: int) -> _gpu.GpuReading:
+            self.reads += 1
             raise OSError("NVML_ERROR_GPU_IS_LOST")
 
-    sampler = tt.start_gpu_sampler(interval_s=0.005, backend=Broken())
-    time.sleep(0.1)
+    backend = Broken()
+    sampler = tt.start_gpu_sampler(interval_s=0.005, backend=backend)
+    # several failed reads, however late a loaded machine runs the sampler thread (a fixed
+    # 0.1 s could hold none: nothing logged)
+    deadline = time.monotonic() + 10
+    while backend.reads < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
     sampler.stop()
+    assert backend.reads >= 5
     assert sum("NVML sampling" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -231,7 +242,9 @@ def test_real_nvml_samples_this_machine(receiver) -> None:  # type: ignore[no-un
     if backend.device_count() == 0:
         pytest.skip("no GPU")
     sampler = tt.start_gpu_sampler(interval_s=0.02, backend=backend, export_interval_s=0.1)
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10  # (a fixed 0.3 s could hold fewer than two samples)
+    while sampler.samples_taken < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
     sampler.stop()
     assert sampler.samples_taken >= 2 and sampler.samples_exported == sampler.samples_taken
     metrics = {
