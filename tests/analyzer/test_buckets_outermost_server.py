@@ -12,9 +12,7 @@ was booked as network.
 from __future__ import annotations
 
 import random
-from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
@@ -29,6 +27,8 @@ from tokentrace.analyzer.trace_view import TraceView
 from tokentrace.instrumentation import semconv as sc
 
 from . import spanfactory as f
+from .counting_view import CountingDict as _CountingDict
+from .counting_view import CountingView as _CountingView
 from .spanfactory import MS, Truth, new_id, span
 
 T0 = 1_700_000_000 * 10**9
@@ -335,31 +335,6 @@ def test_sides_are_the_plain_walks_on_random_parent_links() -> None:
             assert (got.client, got.server) == (want.client, want.server), [
                 (x.name, x.kind, x.span_id, x.parent_span_id, x.service_name) for x in spans
             ]
-
-
-class _CountingDict(dict):  # type: ignore[type-arg]
-    looked = 0
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        _CountingDict.looked += 1
-        return super().get(key, default)
-
-    def __getitem__(self, key: Any) -> Any:
-        _CountingDict.looked += 1
-        return super().__getitem__(key)
-
-
-class _CountingChildren(defaultdict):  # type: ignore[type-arg]
-    def get(self, key: Any, default: Any = None) -> Any:
-        _CountingDict.looked += 1
-        return super().get(key, default)
-
-
-class _CountingView(TraceView):
-    def __init__(self, spans: Any) -> None:
-        super().__init__(spans)
-        self.by_id = _CountingDict(self.by_id)
-        self.children = _CountingChildren(list, self.children)
 
 
 def _comb(n: int) -> list[Span]:

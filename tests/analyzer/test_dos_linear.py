@@ -7,8 +7,6 @@ never timed."""
 from __future__ import annotations
 
 import random
-from collections import defaultdict
-from typing import Any
 
 import pytest
 
@@ -18,34 +16,9 @@ from tokentrace.analyzer.spans import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, S
 from tokentrace.analyzer.trace_view import TraceView
 from tokentrace.instrumentation import semconv as sc
 
+from .counting_view import CountingDict as _CountingDict
+from .counting_view import CountingView as _CountingView
 from .spanfactory import MS, new_id, sdk_trace, span
-
-
-class _CountingDict(dict):  # type: ignore[type-arg]
-    looked = 0
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        _CountingDict.looked += 1
-        return super().get(key, default)
-
-    def __getitem__(self, key: Any) -> Any:
-        _CountingDict.looked += 1
-        return super().__getitem__(key)
-
-
-class _CountingChildren(defaultdict):  # type: ignore[type-arg]
-    def get(self, key: Any, default: Any = None) -> Any:
-        _CountingDict.looked += 1
-        return super().get(key, default)
-
-
-class _CountingView(TraceView):
-    """A TraceView whose parent and children look-ups are counted."""
-
-    def __init__(self, spans: Any) -> None:
-        super().__init__(spans)
-        self.by_id = _CountingDict(self.by_id)
-        self.children = _CountingChildren(list, self.children)
 
 
 def _chain(n: int, *, client: bool) -> list[Span]:

@@ -11,7 +11,6 @@ probe_tgi_nofields: 3 requests, 0 summarized).
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 import pytest
@@ -21,9 +20,10 @@ from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.attribution import summarize_trace
 from tokentrace.analyzer.spans import KIND_SERVER, STATUS_ERROR, Span, SpanEvent
 from tokentrace.analyzer.summary import RequestSummary
-from tokentrace.analyzer.trace_view import TraceView
 
 from . import spanfactory as f
+from .counting_view import CountingDict as _CountingDict
+from .counting_view import CountingView as _CountingView
 
 FIELDS = ("total_time", "validation_time", "queue_time", "inference_time", "time_per_token", "seed")
 
@@ -174,31 +174,6 @@ def test_parent_ids_that_loop_keep_the_request() -> None:
     (http,) = [x for x in spans if x.kind == KIND_SERVER]
     http.parent_span_id = _named(spans, "infer")[-1].span_id  # the root under its own step
     assert len(summarize_trace(spans).requests) == 1
-
-
-class _CountingDict(dict):  # type: ignore[type-arg]
-    looked = 0
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        _CountingDict.looked += 1
-        return super().get(key, default)
-
-    def __getitem__(self, key: Any) -> Any:
-        _CountingDict.looked += 1
-        return super().__getitem__(key)
-
-
-class _CountingChildren(defaultdict):  # type: ignore[type-arg]
-    def get(self, key: Any, default: Any = None) -> Any:
-        _CountingDict.looked += 1
-        return super().get(key, default)
-
-
-class _CountingView(TraceView):
-    def __init__(self, spans: Any) -> None:
-        super().__init__(spans)
-        self.by_id = _CountingDict(self.by_id)
-        self.children = _CountingChildren(list, self.children)
 
 
 def _chain(names: list[str]) -> list[Span]:
