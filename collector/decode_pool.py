@@ -18,6 +18,12 @@ Nothing is accepted before its spans are back in the receiving process and
 offered to the pipeline, so a worker that dies loses nothing: the export is
 decoded in-process instead and the pool is replaced.
 
+A worker is a new interpreter (spawn): it takes 1-2 s to start, over 4 s on a
+loaded machine.  `serve` starts it with the collector, and an export that comes
+before a worker is ready is decoded in-process rather than waiting for it: an
+export that waited would outlast the SDK's 3 s export timeout, and the SDK
+would count a batch that landed as dropped and pause its exports.
+
 What one export makes the collector build of engine steps is bounded
 (`MAX_STEPS_PER_EXPORT`, `limit_export_steps`): here for the exports a worker
 decodes, in `Pipeline.offer` for the others.
@@ -58,6 +64,9 @@ logger = logging.getLogger("tokentrace.collector")
 
 #: Exports smaller than this are decoded in-process (round trip > decode).
 OFFLOAD_MIN_BYTES = 64 * 1024
+
+#: Pools started again after their worker died starting, before giving up.
+MAX_FAILED_STARTS = 3
 
 #: Records cross the process boundary as tuples of their fields, in
 #: constructor order: plain tuples, dicts and lists pickle at C speed, slotted
@@ -273,6 +282,11 @@ def _init_worker(parent_pid: int, itl_bounds_ms: tuple[float, ...]) -> None:
     threading.Thread(target=watch, name="tokentrace-parent-watch", daemon=True).start()
 
 
+def _started() -> int:
+    """The task that tells a new pool that a worker has started (initializer run)."""
+    return os.getpid()
+
+
 class DecodePool:
     """`await pool.decode(body)` gives what `decode_protobuf_partial(body)` gives
     (`decode_json_body(body)` with `json_body=True`)."""
@@ -293,29 +307,76 @@ class DecodePool:
         self._lock = threading.Lock()
         self._executor: ProcessPoolExecutor | None = None
         self._closed = False
+        #: set once a worker of the current pool has started; until then big
+        #: exports are decoded in-process
+        self._ready = threading.Event()
         self.offloaded = 0
         self.fallbacks = 0
         self.worker_restarts = 0  # pools replaced after a worker died
+        self.decoded_while_starting = 0  # big exports decoded in-process: no worker ready yet
+        self._failed_starts = 0
 
-    def _pool(self) -> ProcessPoolExecutor:
+    def start(self) -> None:
+        """Starts the workers in the background and returns at once; a no-op when
+        they are started (or starting) or the pool is closed.  `decode` calls it
+        too, so a pool nobody started starts on its first big export."""
         with self._lock:
-            if self._executor is None:
-                # spawn, not fork: the collector runs gRPC and writer threads, and
-                # a forked copy of them is unsafe.  Workers start on first use.
-                self._executor = ProcessPoolExecutor(
-                    self.processes,
-                    mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_init_worker,
-                    initargs=(os.getpid(), self.itl_bounds_ms),
-                )
-            return self._executor
+            if self._closed or self._executor is not None:
+                return
+            # spawn, not fork: the collector runs gRPC and writer threads, and
+            # a forked copy of them is unsafe
+            executor = ProcessPoolExecutor(
+                self.processes,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(os.getpid(), self.itl_bounds_ms),
+            )
+            self._executor = executor
+            self._ready.clear()
+            # one task per worker: the pool spawns a process for each task that
+            # finds no idle worker, so all of them start now
+            futures = [executor.submit(_started) for _ in range(self.processes)]
+        for future in futures:
+            future.add_done_callback(lambda f: self._on_started(executor, f))
+
+    def _on_started(self, executor: ProcessPoolExecutor, future: Any) -> None:
+        if future.cancelled():
+            return  # closed or replaced meanwhile
+        if future.exception() is None:
+            with self._lock:
+                if self._executor is executor:
+                    self._ready.set()
+                    self._failed_starts = 0
+            return
+        # a worker died starting (killed, out of memory): another pool, a few times;
+        # then big exports stay in-process (they are decoded all the same)
+        with self._lock:
+            if self._executor is not executor or self._closed:
+                return  # this pool's other start tasks: counted once
+            self._failed_starts += 1
+            failed = self._failed_starts
+        if failed > MAX_FAILED_STARTS:
+            logger.error(
+                "tokentrace: decode workers failed to start %d times (%s); decoding in-process",
+                failed, future.exception(),
+            )
+            return
+        # not on this thread: it is the dead pool's own manager thread
+        threading.Thread(target=self._replace, args=(executor,), daemon=True).start()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Starts the workers if need be; True once one is ready (within `timeout`)."""
+        self.start()
+        return self._ready.wait(timeout)
 
     def _replace(self, broken: ProcessPoolExecutor) -> None:
         with self._lock:
             if self._executor is broken:
                 self._executor = None
+                self._ready.clear()
                 self.worker_restarts += 1  # once per broken pool, however many decodes saw it
         broken.shutdown(wait=False, cancel_futures=True)
+        self.start()
 
     async def decode(
         self, body: bytes, json_body: bool = False
@@ -328,14 +389,19 @@ class DecodePool:
             return decode_here(body)
         if self._closed:  # never a big body on the event loop
             return await asyncio.to_thread(decode_here, body)
-        pool = self._pool()
+        with self._lock:
+            pool = self._executor if self._ready.is_set() else None
+        if pool is None:
+            self.start()
+            self.decoded_while_starting += 1
+            return await asyncio.to_thread(decode_here, body)
         try:
             wire, rejected, (dropped, service, capped) = await asyncio.get_running_loop().run_in_executor(
                 pool, decode_export, body, json_body
             )
         except BrokenProcessPool:
-            # a worker died (OOM killer, kill): decode here, start a new pool next time
-            logger.warning("tokentrace: a decode worker died; decoding in-process")
+            # a worker died (OOM killer, kill): decode here, start another pool now
+            logger.warning("tokentrace: a decode worker died; decoding in-process, starting another")
             self.fallbacks += 1
             self._replace(pool)
             return await asyncio.to_thread(decode_here, body)
@@ -357,8 +423,9 @@ class DecodePool:
 
     def close(self) -> None:
         """Stops the workers; later decodes run in-process.  Safe to call twice."""
-        self._closed = True
         with self._lock:
+            self._closed = True
             executor, self._executor = self._executor, None
+            self._ready.clear()
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)

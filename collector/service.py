@@ -365,6 +365,8 @@ class CollectorServer:
         otlp_host = s.otlp_bind_host
         try:
             c.start()
+            if self.decoder is not None:
+                self.decoder.start()  # in the background: a worker takes 1-4 s to start
             self._start_grpc()
             # the Host check follows the address this server binds, not the web UI's
             otlp_app = create_http_app(c.pipeline, s.max_body_bytes, c.metrics, self.decoder, otlp_host)

@@ -80,30 +80,6 @@ class ServeProcess:
         finally:
             conn.close()
 
-    def warm_decoder(self, timeout: float = 120.0) -> None:
-        """Makes the server start its decode worker now, with an OTLP/HTTP export that holds
-        no span but is big enough to be decoded off-process.
-
-        serve spawns the worker (a new interpreter) on the first big export, inside that
-        export's request: 0.8-1.8 s on an idle machine here, over 4 s on a loaded one, past
-        the SDK's 3 s export timeout, so the SDK drops that batch (it had landed) and
-        pauses its exports for 5 s, dropping more.  A test of "every span arrives" warms
-        the worker first."""
-        import urllib.request
-
-        from tokentrace.collector.decode_pool import OFFLOAD_MIN_BYTES
-
-        pad = bytes(2 * OFFLOAD_MIN_BYTES)
-        # one field the OTLP message does not define (number 1000, length-delimited):
-        # parsed and skipped, so the export is valid and empty
-        body = _varint(1000 << 3 | 2) + _varint(len(pad)) + pad
-        request = urllib.request.Request(
-            f"{self.otlp_http}/v1/traces", data=body, headers={"Content-Type": "application/x-protobuf"}
-        )
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy
-        with opener.open(request, timeout=timeout) as reply:
-            assert reply.status == 200, reply.read()
-
     def stop(self, timeout: float = 30.0) -> str:
         """SIGTERMs the server (it decides and flushes everything) and gives its output."""
         if self.proc.poll() is None:
@@ -118,15 +94,6 @@ class ServeProcess:
         out = self.proc.stdout.read().decode()
         self.proc.stdout.close()
         return out
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def start_serve(tmp_path: Path, *extra: str, db: Path | None = None) -> ServeProcess:

@@ -63,6 +63,8 @@ def start_live(
         collector.pipeline, "127.0.0.1", 0, settings.max_body_bytes, collector.metrics
     )
     decoder = DecodePool(1, min_bytes=0, itl_bounds_ms=ITL_BUCKET_BOUNDS_MS) if offload else None
+    # until its worker is ready, the pool decodes in-process: wait, so every export is offloaded
+    assert decoder is None or decoder.wait_ready(120), "the decode worker did not start"
     app = create_http_app(collector.pipeline, settings.max_body_bytes, collector.metrics, decoder)
     server = ThreadServer(app, settings.http_port).__enter__()
     live = LiveCollector(collector, settings.http_port, grpc_port, decoder)

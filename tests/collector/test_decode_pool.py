@@ -45,10 +45,17 @@ def _decode(pool: DecodePool, body: bytes) -> Any:
     return asyncio.run(pool.decode(body))
 
 
+def _ready_pool(**kw: Any) -> DecodePool:
+    """A pool whose worker has started (before, big exports are decoded in-process)."""
+    pool = DecodePool(1, **kw)
+    assert pool.wait_ready(120), "the decode worker did not start"
+    return pool
+
+
 def test_worker_gives_the_in_process_spans_and_summaries() -> None:
     spans = _export_spans()
     body = to_protobuf(spans).SerializeToString()
-    pool = DecodePool(1, min_bytes=0, itl_bounds_ms=ITL_BUCKET_BOUNDS_MS)
+    pool = _ready_pool(min_bytes=0, itl_bounds_ms=ITL_BUCKET_BOUNDS_MS)
     try:
         packed, rejected = _decode(pool, body)
     finally:
@@ -82,7 +89,7 @@ def test_small_exports_stay_in_process_and_bad_bodies_fail_the_same_way() -> Non
         spans, _ = _decode(pool, to_protobuf(request_trace()).SerializeToString())
         assert spans and isinstance(spans[0], Span) and pool.offloaded == 0
         big = to_protobuf(_export_spans()).SerializeToString()
-        eager = DecodePool(1, min_bytes=0)
+        eager = _ready_pool(min_bytes=0)
         try:
             with pytest.raises(ValueError, match="invalid OTLP protobuf"):
                 _decode(eager, big[: len(big) // 2] + b"\xff\xff")
@@ -103,9 +110,10 @@ def test_packed_and_in_process_paths_store_the_same_rows(make_rig: Any, clock: A
     split = request_trace(tokens=50)
     first, second = [*spans, *split[:3]], split[3:]
     bodies = [to_protobuf(first).SerializeToString(), to_protobuf(second).SerializeToString()]
-    pool = DecodePool(1, min_bytes=0, itl_bounds_ms=ITL_BUCKET_BOUNDS_MS)
+    pool = _ready_pool(min_bytes=0, itl_bounds_ms=ITL_BUCKET_BOUNDS_MS)
     try:
         packed = [_decode(pool, b)[0] for b in bodies]
+        assert pool.offloaded == 2
     finally:
         pool.close()
     local = [decode_protobuf_partial(b)[0] for b in bodies]
@@ -133,7 +141,7 @@ def test_packed_and_in_process_paths_store_the_same_rows(make_rig: Any, clock: A
 
 def test_late_packed_spans_follow_the_decision(make_rig: Any, clock: Any) -> None:
     kept, dropped = request_trace(error=True), request_trace()
-    pool = DecodePool(1, min_bytes=0)
+    pool = _ready_pool(min_bytes=0)
     try:
         early, _ = _decode(pool, to_protobuf(kept[1:] + dropped[1:]).SerializeToString())
         late, _ = _decode(pool, to_protobuf(kept[:1] + dropped[:1]).SerializeToString())
@@ -154,7 +162,7 @@ def test_late_packed_spans_follow_the_decision(make_rig: Any, clock: Any) -> Non
 def test_a_dead_worker_loses_nothing() -> None:
     spans = _export_spans()
     body = to_protobuf(spans).SerializeToString()
-    pool = DecodePool(1, min_bytes=0)
+    pool = _ready_pool(min_bytes=0)
     try:
         _decode(pool, body)
         (pid,) = pool.worker_pids()
@@ -166,11 +174,33 @@ def test_a_dead_worker_loses_nothing() -> None:
             if pool.fallbacks:
                 break
             time.sleep(0.05)
-        assert pool.fallbacks == 1
-        again, _ = _decode(pool, body)  # a fresh pool takes over
+        assert pool.fallbacks == 1 and pool.worker_restarts == 1
+        assert pool.wait_ready(120)  # the replacement was started at once
+        again, _ = _decode(pool, body)  # the fresh pool takes over
         assert isinstance(again[0], PackedTrace) and span_count(again) == len(spans)
     finally:
         pool.close()
+
+
+def test_big_exports_never_wait_for_a_worker_to_start() -> None:
+    """A worker takes 1-4 s to start (a new interpreter): an export that waited for
+    it would outlast the SDK's 3 s timeout, and the SDK would count a batch that
+    landed as dropped.  Until a worker is ready, big exports are decoded in-process."""
+    spans = _export_spans()
+    body = to_protobuf(spans).SerializeToString()
+    pool = DecodePool(1, min_bytes=0)
+    try:
+        first, _ = _decode(pool, body)  # starts the worker, does not wait for it
+        assert isinstance(first[0], Span) and len(first) == len(spans)
+        assert (pool.decoded_while_starting, pool.offloaded) == (1, 0)
+        assert pool.wait_ready(120)
+        second, _ = _decode(pool, body)
+        assert isinstance(second[0], PackedTrace) and span_count(second) == len(spans)
+        assert (pool.decoded_while_starting, pool.offloaded) == (1, 1)
+    finally:
+        pool.close()
+    third, _ = _decode(pool, body)  # closed: in-process, never restarted
+    assert isinstance(third[0], Span) and not pool.worker_pids()
 
 
 def _children(pid: int) -> list[int]:
@@ -190,13 +220,16 @@ def _alive(pid: int) -> bool:
 def test_serve_stores_big_exports_and_its_worker_dies_with_it(tmp_path: Path) -> None:
     server = start_serve(tmp_path, "--grace-s", "0.05")
     try:
+        deadline = time.monotonic() + 60
+        while not [p for p in _children(server.proc.pid) if _alive(p)]:
+            assert time.monotonic() < deadline, "serve should start its decode worker with itself"
+            time.sleep(0.05)
         bodies = [to_protobuf(_export_spans(400)).SerializeToString() for _ in range(2)]
         assert min(map(len, bodies)) >= OFFLOAD_MIN_BYTES  # sized for the worker path
         for b in bodies:
             r = httpx.post(f"{server.otlp_http}/v1/traces", content=b, headers=PB, timeout=30)
             assert r.status_code == 200, r.text
-        workers = [p for p in _children(server.proc.pid) if _alive(p)]
-        assert workers, "a big export should have started a decode worker"
+        assert [p for p in _children(server.proc.pid) if _alive(p)]
     finally:
         server.stop()
     conn = open_db(server.db)

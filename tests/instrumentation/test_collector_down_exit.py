@@ -251,9 +251,6 @@ def test_a_replaced_configuration_still_delivers_to_a_healthy_collector(receiver
 
 
 def test_every_span_reaches_a_real_collector(serve) -> None:  # type: ignore[no-untyped-def]
-    # serve's decode worker starts inside the first big export, past the SDK's export timeout
-    # on a loaded machine (then that batch and the next 5 s are dropped): started first
-    serve.warm_decoder()
     tt.configure(endpoint=serve.otlp_http, service_name="real")
     _requests(300)
     tt.shutdown()
