@@ -127,6 +127,38 @@ def mixed_services_note(report: dict[str, Any], option: str = "--service NAME") 
     return f"These findings mix {services} services: {option} picks one."
 
 
+def network_unmeasured(report: dict[str, Any]) -> str | None:
+    """Says why network is not measured (None when it is): no client spans, or client
+    spans only (the server was not seen).  Reports from an older server: no client spans."""
+    if (report.get("buckets") or {}).get("network", {}).get("measured"):
+        return None
+    req = report.get("requests") or {}
+    if req.get("count") and req.get("server_unseen") == req.get("count"):
+        return "client spans only: instrument the server to split the wait for the first token"
+    return "no client spans: instrument the client"
+
+
+def server_unseen_note(report: dict[str, Any]) -> str | None:
+    """Says how many requests were seen only by their client, whose whole wait for the
+    first token is counted as prefill (it cannot be split into network, queue and prefill)."""
+    req = report.get("requests") or {}
+    unseen, count = int(req.get("server_unseen") or 0), int(req.get("count") or 0)
+    if not unseen:
+        return None
+    who = "Every request was" if unseen == count else f"{unseen:,} of {count:,} requests were"
+    return (
+        f"{who} seen only by the client (no server spans): the whole wait for the first "
+        "token counts as prefill, network and queue not split."
+    )
+
+
+def coverage_notes(report: dict[str, Any]) -> list[str]:
+    """Gives the sentences that say what the window's spans could not measure."""
+    why = network_unmeasured(report) if (report.get("requests") or {}).get("count") else None
+    unseen = server_unseen_note(report)
+    return [*([f"Network not measured: {why}."] if why else []), *([unseen] if unseen else [])]
+
+
 #: What the report's names mean, said under the table that shows them (`legend`).
 LATENCY_TERMS = {
     "ttft": ("TTFT", "time to first token as the server saw it: queue, then prefill"),
@@ -232,7 +264,7 @@ def render_text(report: dict[str, Any]) -> str:
     for b in BUCKETS:
         bucket = report["buckets"][b]
         if b == "network" and not bucket.get("measured"):
-            lines.append(f"  {'network':<9} not measured (no client spans: instrument the client)")
+            lines.append(f"  {'network':<9} not measured ({network_unmeasured(report)})")
             continue
         share = bucket["share"]
         bar = "█" * round((share or 0) * 40)
@@ -245,6 +277,8 @@ def render_text(report: dict[str, Any]) -> str:
             "            queue = "
             + ", ".join(f"{k} {(v or 0) * 100:.1f} %" for k, v in parts.items())
         )
+    unseen = server_unseen_note(report)
+    lines += [f"  {unseen}"] if unseen else []
     lines += _text_legend(terms["buckets"]) + _text_legend(terms["requests"])
     findings = report.get("findings") or []
     lines += ["", "diagnosis"]
@@ -307,6 +341,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             out.append("| network | not measured | | |")
             continue
         out.append(f"| {b} | {(bucket['share'] or 0) * 100:.1f} % | {format_ms(bucket['p50'])} | {format_ms(bucket['p99'])} |")
+    for note in coverage_notes(report):
+        out += ["", _md_escape(note)]
     # the markdown table has no queue parts: their names are not explained
     out += ["", *_md_legend(terms["buckets"][:1] + terms["requests"])]
     out += ["", "## Diagnosis", ""]

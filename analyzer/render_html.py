@@ -16,6 +16,7 @@ from tokentrace.analyzer.render import (
     ITL_APPROXIMATE,
     approximate,
     counted,
+    coverage_notes,
     describe_window,
     format_confidence,
     latency_cell,
@@ -266,7 +267,7 @@ def render_html(report: dict[str, Any]) -> str:
             f'<p class="note">ITL {_e(ITL_APPROXIMATE)}</p>' if approximate(report, "itl") else "",
             "<h2>Latency over time</h2>", _timeline_svg(report.get("timeline") or {}),
             "<h2>Where the time goes</h2>", _buckets_svg(report["buckets"]), _buckets_table(report["buckets"]),
-            "" if report["buckets"]["network"].get("measured") else "<p>Network not measured: no client spans.</p>",
+            *(f"<p>{_e(note)}</p>" for note in coverage_notes(report)),
             "<h2>Inter-token gaps</h2>", _itl_svg(report.get("itl_histogram") or []),
         ]
     else:

@@ -210,6 +210,8 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
             "kept_traces": r["kept"],
             "errors": r["errors"],
             "with_client_span": r["with_network"],
+            # seen only by their client: the wait before the first token reads as prefill
+            "server_unseen": r["server_unseen"],
             # how many services the requests come from: findings over several mix them
             "services": r["services"],
         },

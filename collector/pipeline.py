@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tokentrace.analyzer.attribution import TraceResult, summarize_trace
-from tokentrace.analyzer.conventions.genai_client import _is_llm_client as is_llm_client
+from tokentrace.analyzer.conventions.genai_client import is_llm_client
 from tokentrace.analyzer.spans import KIND_SERVER, Span
 from tokentrace.analyzer.summary import FLAG_SERVER_UNSEEN
 from tokentrace.collector.decode_pool import limit_export_steps, note_dropped_steps

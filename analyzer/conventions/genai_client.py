@@ -39,7 +39,7 @@ OUTPUT_TOKENS = (sc.OUTPUT_TOKENS, "gen_ai.usage.completion_tokens", "llm.token_
 MODEL_KEYS = ("llm.model_name", "llm.request.model")
 
 
-def _is_llm_client(span: Span) -> bool:
+def is_llm_client(span: Span) -> bool:
     # checked on every span of every trace: the cheap tests first
     if span.name == sc.SPAN_CLIENT:
         return True
@@ -59,12 +59,12 @@ def summarize(trace: TraceView) -> list[s.RequestSummary]:
 
 def outer_clients(trace: TraceView) -> list[Span]:
     """Gives the LLM client spans that are requests: the outermost (wrappers nest)."""
-    clients = [x for x in trace.spans if _is_llm_client(x)]
+    clients = [x for x in trace.spans if is_llm_client(x)]
     if len(clients) < 2:
         return clients
     # remembered for every span on the way up: a chain of n wrappers walked afresh from
     # each would cost n^2/2 (a hostile export); loops of parent ids answered as the walk
-    nested = inside_any(trace, _is_llm_client)
+    nested = inside_any(trace, is_llm_client)
     return [c for c in clients if not nested(c)]
 
 

@@ -1,7 +1,10 @@
 -- TTFT against prompt size: how much of the wait is pre-fill, and how decode streams after it.
+-- Requests whose server was not seen (client spans only) are left out: their whole wait
+-- reads as pre-fill because it cannot be split, so they would claim a pre-fill nobody measured.
 WITH r AS (
     SELECT *, coalesce(ttft_ms, ttft_client_ms) AS ttft
-    FROM req WHERE coalesce(ttft_ms, ttft_client_ms) IS NOT NULL
+    FROM req
+    WHERE coalesce(ttft_ms, ttft_client_ms) IS NOT NULL AND NOT list_contains(flags, 'server_unseen')
 ),
 q AS (SELECT quantile_disc(prompt_tokens, 0.25) AS lo, quantile_disc(prompt_tokens, 0.75) AS hi FROM r)
 SELECT

@@ -7,6 +7,7 @@ SELECT
     count(*) FILTER (WHERE kept)                        AS kept,
     count(*) FILTER (WHERE error)                       AS errors,
     count(*) FILTER (WHERE network_ms IS NOT NULL)      AS with_network,
+    count(*) FILTER (WHERE list_contains(flags, 'server_unseen')) AS server_unseen,
     count(DISTINCT service)                             AS services,
     quantile_cont(e2e_ms, [0.5, 0.9, 0.95, 0.99])       AS e2e,
     quantile_cont(ttft_ms, [0.5, 0.9, 0.95, 0.99])      AS ttft,

@@ -24,9 +24,9 @@ _LLM = {"gen_ai.operation.name": "chat"}
 
 def _walk(trace: TraceView) -> list[Span]:
     """The plain walk: a client span is a request unless a client span lies above it."""
-    clients = [x for x in trace.spans if genai_client._is_llm_client(x)]
+    clients = [x for x in trace.spans if genai_client.is_llm_client(x)]
     return [
-        c for c in clients if not any(genai_client._is_llm_client(a) for a in trace.ancestors(c))
+        c for c in clients if not any(genai_client.is_llm_client(a) for a in trace.ancestors(c))
     ]
 
 
