@@ -14,6 +14,11 @@ A decision thread ticks and decides, oldest first:
   every 0.5 s, vLLM's (OpenTelemetry's default) every 5 s, so the user's client
   span often comes seconds before the engine's; decided at `grace`, the request
   would read as client-only and the engine's spans would come too late to count;
+- traces rooted in a SERVER span whose parent (the client's span, from its
+  `traceparent`) has not come: `client_wait` after the root, or `grace` after the
+  parent comes.  The reverse of the above: a client that exports on
+  OpenTelemetry's default schedule (every 5 s) sends its span after the server's,
+  and decided at `grace` the request would lose its network and the user's TTFT;
 - traces that waited `decision_wait` (their root never came);
 - when the buffer passes its high-water mark, the oldest traces, early (counted).
 It summarizes every request in them (kept or not), asks the sampler whether to
@@ -271,6 +276,7 @@ class Pipeline:
         max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES,
         grace_s: float = 2.0,
         server_wait_s: float = 0.0,
+        client_wait_s: float = 0.0,
         decision_wait_s: float = 30.0,
         decision_cache_size: int = 100_000,
         tick_s: float = 0.1,
@@ -287,6 +293,7 @@ class Pipeline:
         self._max_bytes = max_buffered_bytes
         self._grace_ns = int(grace_s * 1e9)
         self._server_wait_ns = int(server_wait_s * 1e9)
+        self._client_wait_ns = int(client_wait_s * 1e9)
         self._wait_ns = int(decision_wait_s * 1e9)
         self._cache_size = decision_cache_size
         self._tick_s = tick_s
@@ -306,6 +313,10 @@ class Pipeline:
         # side (`_awaits_server`), in receive order; and their ids
         self._awaiting: deque[tuple[int, str]] = deque()
         self._awaiting_ids: set[str] = set()
+        # the same for the traces rooted in a SERVER span waiting for its parent (the
+        # client's span), and their ids
+        self._awaiting_client: deque[tuple[int, str]] = deque()
+        self._awaiting_client_ids: set[str] = set()
         self._late: list[Span] = []
         self._buffered = 0
         #: what the buffered traces are reckoned to weigh (`_Pending.nbytes`)
@@ -597,6 +608,7 @@ class Pipeline:
     def _take(self, trace_id: str, out: list[tuple[str, _Pending]]) -> None:
         p = self._pending.pop(trace_id)
         self._awaiting_ids.discard(trace_id)
+        self._awaiting_client_ids.discard(trace_id)
         self._buffered -= p.size()
         self._bytes -= p.nbytes
         out.append((trace_id, p))
@@ -611,11 +623,14 @@ class Pipeline:
                     self._take(trace_id, ready)
                 self._roots.clear()
                 self._awaiting.clear()
+                self._awaiting_client.clear()
                 return ready, 0
             roots = self._roots
             grace = self._grace_ns
             awaiting, awaiting_ids = self._awaiting, self._awaiting_ids
             server_wait = self._server_wait_ns
+            client_wait = self._client_wait_ns
+            for_client, for_client_ids = self._awaiting_client, self._awaiting_client_ids
             # the span ids of each trace looked into, once a round: a trace of n SERVER
             # spans has n root candidates, and each scanning its spans is n^2 under the lock
             held: dict[str, set[str]] = {}
@@ -631,6 +646,12 @@ class Pipeline:
                     if parent in ids and trace_id not in awaiting_ids:
                         continue  # a SERVER span under a span we have: not the root
                     # (under the client span that waited for it: the server side came)
+                    if parent not in ids and client_wait > grace:
+                        if trace_id not in for_client_ids:
+                            for_client.append((received, trace_id))
+                            for_client_ids.add(trace_id)
+                        continue  # its parent may come: decided at client_wait, or
+                        # at grace after the parent (a root of its own) comes
                 elif server_wait > grace and _awaits_server(p):
                     awaiting.append((received, trace_id))
                     awaiting_ids.add(trace_id)
@@ -639,6 +660,10 @@ class Pipeline:
             while awaiting and now - awaiting[0][0] >= server_wait:
                 trace_id = awaiting.popleft()[1]
                 if trace_id in awaiting_ids:  # (else decided already)
+                    self._take(trace_id, ready)
+            while for_client and now - for_client[0][0] >= client_wait:
+                trace_id = for_client.popleft()[1]
+                if trace_id in for_client_ids:  # (else decided already)
                     self._take(trace_id, ready)
             wait = self._wait_ns
             while pending:

@@ -79,6 +79,7 @@ class Collector:
             max_buffered_bytes=settings.max_buffered_bytes,
             grace_s=settings.grace_s,
             server_wait_s=settings.server_wait_s,
+            client_wait_s=settings.client_wait_s,
             decision_wait_s=settings.decision_wait_s,
             metrics=self.metrics,
         )

@@ -51,6 +51,7 @@ class CollectorSettings:
     web_port: int = 8600
     grace_s: float = 2.0
     server_wait_s: float = 7.0
+    client_wait_s: float = 7.0
     decision_wait_s: float = 30.0
     baseline: float = 0.02
     max_buffered_spans: int = 200_000
@@ -89,7 +90,7 @@ class CollectorSettings:
             ports[port] = port_name
         if not 0.0 <= self.baseline <= 1.0:
             raise SettingError(("baseline",), f"baseline must be in [0, 1], got {self.baseline}")
-        for name in ("grace_s", "server_wait_s"):
+        for name in ("grace_s", "server_wait_s", "client_wait_s"):
             if getattr(self, name) < 0:
                 raise SettingError((name,), f"{name} must be >= 0, got {getattr(self, name)}")
         for name in (
@@ -160,6 +161,10 @@ HELP: dict[str, str] = {
     "server_wait_s": "seconds a trace whose LLM client span came without its server side waits"
     " for the server's spans (vLLM and OpenTelemetry SDKs export every 5 s; tokentrace's every"
     " 0.5 s) before it is decided without them; 0: only --grace-s",
+    "client_wait_s": "seconds a trace whose server span names a parent (a traceparent) that has"
+    " not come waits for the client's spans (OpenTelemetry SDKs export every 5 s, so the client's"
+    " span often comes after the server's) before it is decided without them: no network, no"
+    " user-side TTFT; 0: only --grace-s",
     "decision_wait_s": "decide traces whose root never ends after this many seconds",
     "baseline": "probability of keeping an unremarkable trace",
     "max_buffered_spans": "bound of the tail buffer; beyond it receivers answer 503",
