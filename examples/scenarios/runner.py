@@ -44,31 +44,55 @@ class ScenarioRun:
         return sum(1 for r in self.results if not r.ok)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _listening_socket(host: str = "127.0.0.1") -> socket.socket:
+    """Gives a socket listening on a free port of `host`: the port is held from here on.
+
+    Picking a port with a bind and a close, for a server to bind later, races: in
+    between, another process or an outgoing connection's ephemeral port can take it.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 class ServerProcess:
-    """`python -m examples.tiny_llm.server` configured through TINY_LLM_* variables."""
+    """`python -m examples.tiny_llm.server` configured through TINY_LLM_* variables.
+
+    The port is bound and listening here, before the process starts, and the process
+    serves on that very socket (`--fd`): no other process can take the port in between.
+    """
 
     def __init__(self, settings: dict[str, Any], log: Path | None = None) -> None:
-        self.port = _free_port()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])]
         )
-        for key, value in {**settings, "port": self.port}.items():
+        for key, value in settings.items():
             env[f"TINY_LLM_{key.upper()}"] = "none" if value is None else str(value)
         self._log = open(log or os.devnull, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "examples.tiny_llm.server", "--log-level", "warning"],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+        try:
+            # ours is closed once the server has its copy: the port is freed when it exits
+            with _listening_socket() as sock:
+                self.port = int(sock.getsockname()[1])
+                self.proc = subprocess.Popen(
+                    [
+                        sys.executable, "-m", "examples.tiny_llm.server",
+                        "--log-level", "warning", "--fd", str(sock.fileno()),
+                    ],
+                    cwd=REPO_ROOT,
+                    env=env,
+                    stdout=self._log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(sock.fileno(),),
+                )  # fmt: skip
+        except BaseException:
+            self._log.close()
+            raise
 
     async def wait_ready(self, timeout_s: float = 90.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -9,6 +9,7 @@ import argparse
 import json
 import logging
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -409,6 +410,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (default 8000)")
     parser.add_argument(
+        "--fd",
+        type=int,
+        default=None,
+        help="serve on this inherited socket, already bound and listening, instead of binding "
+        "--host/--port (a parent that holds the port from the start hands it over: no race)",
+    )
+    parser.add_argument(
         "--max-batch-size",
         type=int,
         default=None,
@@ -488,11 +496,25 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 def main(argv: list[str] | None = None) -> None:
     """Run the server in the foreground under uvicorn."""
     import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
 
     args = _parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
     config = config_from_args(args)
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=args.log_level)
+    if args.fd is None:
+        uvicorn.run(
+            create_app(config), host=config.host, port=config.port, log_level=args.log_level
+        )
+        return
+    # uvicorn's own fd= reads the descriptor as a Unix socket; socket(fileno=) reads its family
+    sock = socket.socket(fileno=args.fd)
+    server = uvicorn.Server(uvicorn.Config(create_app(config), log_level=args.log_level))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)  # as uvicorn.run says it
 
 
 def iter_sse_data(lines: Iterator[str]) -> Iterator[str]:
