@@ -64,7 +64,7 @@ class RequestContext:
     """Who sent the request and how to serve it, read from the headers."""
 
     request_id: str
-    tenant: str
+    tenant: str | None  # None: the request named none (not recorded as a tenant)
     traffic_class: str
     received_at: float  # perf_counter() when the handler started
 
@@ -100,7 +100,7 @@ class CompletionHandler:
             )
         return RequestContext(
             request_id=request.headers.get(REQUEST_ID_HEADER) or f"cmpl-{uuid.uuid4().hex}",
-            tenant=request.headers.get(TENANT_HEADER) or body.user or "default",
+            tenant=request.headers.get(TENANT_HEADER) or body.user or None,
             traffic_class=traffic_class,
             received_at=time.perf_counter(),
         )
@@ -143,7 +143,7 @@ class CompletionHandler:
                 max_tokens=max_tokens,
                 request_id=ctx.request_id,
                 traffic_class=ctx.traffic_class,
-                tenant=ctx.tenant,
+                tenant=ctx.tenant or "default",  # the scheduler's own bookkeeping
                 temperature=body.temperature,
                 seed=body.seed,
                 on_admitted=traced.admitted if traced else None,

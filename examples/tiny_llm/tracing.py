@@ -78,7 +78,7 @@ class RequestTracing:
         *,
         request_id: str,
         model: str,
-        tenant: str,
+        tenant: str | None,
         traffic_class: str,
     ) -> None:
         self.req = tt.request(

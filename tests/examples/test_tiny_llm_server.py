@@ -132,3 +132,21 @@ def test_stopped_engine_refuses_before_streaming() -> None:
         response = httpx.post(f"{handle.url}/v1/completions", json=body, timeout=30)
     assert response.status_code == 503
     assert response.json()["error"]["type"] == "server_error"
+
+
+def test_a_request_without_tenant_names_none() -> None:
+    """A request that names no tenant (no x-tenant header, no `user`) is recorded with no
+    tenant: a made-up "default" tenant read as the demo's biggest customer in reports."""
+    from starlette.requests import Request
+
+    from examples.tiny_llm.server import CompletionHandler, CompletionRequest
+
+    handler = CompletionHandler(engine=None)  # type: ignore[arg-type]  # context() reads headers only
+
+    def context(headers: dict[str, str], **body: object):  # type: ignore[no-untyped-def]
+        raw = [(k.encode(), v.encode()) for k, v in headers.items()]
+        return handler.context(Request({"type": "http", "headers": raw}), CompletionRequest(prompt="hi", **body))
+
+    assert context({}).tenant is None
+    assert context({"x-tenant": "acme"}).tenant == "acme"
+    assert context({}, user="u-7").tenant == "u-7"
