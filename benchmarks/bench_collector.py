@@ -4,7 +4,7 @@ and beside it the raw protobuf parse rate of the same payloads (the ceiling).
     python benchmarks/bench_collector.py [--seconds 20] [--traces-per-export 200]
 
 It starts a real `tokentrace serve` (default sampling: 2 % baseline, p99 per
-model/route, errors), sends prebuilt OTLP/HTTP protobuf exports from two
+service/model/route, errors), sends prebuilt OTLP/HTTP protobuf exports from two
 threads as fast as the collector accepts them (503s are retried), and counts a
 span as persisted once the summary row of its request is committed to DuckDB.
 """

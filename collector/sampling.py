@@ -3,14 +3,20 @@
 Every decision records its reason (a named constant) and its weight (the
 adjusted count, 1 / probability), as Refinery and OTel's `ot=th` do.  Policies,
 first match wins: errors; configured SLOs; slowness above the running p99 of
-the request's model/route over the last 5 to 10 minutes (TTFT, E2E, each
-bucket, the largest inter-token gap); attribute rules; the warm-up of a
-model/route (its first `min_samples` requests, before it has a p99); a
-probabilistic baseline decided from the trace id.
+the request's service/model/route over the last 5 to 10 minutes (TTFT, E2E,
+each bucket, the largest inter-token gap); attribute rules; the warm-up of a
+service/model/route (its first `min_samples` requests, before it has a p99);
+a probabilistic baseline decided from the trace id.
+
+The p99 is kept per `service.name` too, not only per model and route: two
+deployments (staging and production, two regions, the demo's scenarios) often
+serve the same model name, and one's slow tail then hid the other's outliers,
+or the fast one's p99 made every request of the slow one an outlier.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -24,7 +30,7 @@ REASON_SLO = "slo"
 REASON_RULE = "rule"
 REASON_BASELINE = "baseline"
 REASON_DROPPED = "dropped"
-#: Kept because one measure was above the running p99 of its model/route.
+#: Kept because one measure was above the running p99 of its service/model/route.
 REASON_P99_TTFT = "p99_ttft"
 REASON_P99_E2E = "p99_e2e"
 REASON_P99_QUEUE = "p99_queue"
@@ -32,7 +38,7 @@ REASON_P99_PREFILL = "p99_prefill"
 REASON_P99_DECODE = "p99_decode"
 REASON_P99_NETWORK = "p99_network"
 REASON_P99_ITL = "p99_itl"
-#: Kept because its model/route was warming up: one of its first requests (since
+#: Kept because its service/model/route was warming up: one of its first requests (since
 #: start, or since a whole window without one), before it has a p99.
 REASON_P99_WARMUP = "p99_warmup"
 
@@ -54,6 +60,8 @@ ALL_REASONS: tuple[str, ...] = (
 #: 56 bits of randomness, as in W3C trace-context level 2 / OTel's `th`.
 _RANDOM_BITS = 56
 _RANDOM_MAX = 1 << _RANDOM_BITS
+
+logger = logging.getLogger("tokentrace.collector")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,21 +125,36 @@ def trace_randomness(trace_id: str) -> int:
 #: a change of the service (a deployment, a load step) sets a new normal within
 #: 10 minutes, long enough that at 1 request/s a window holds 300 requests (3
 #: above their p99).  A window closes
-#: only once it holds `min_samples` requests, so a quiet model/route's window
+#: only once it holds `min_samples` requests, so a quiet key's window
 #: stretches instead of judging against a handful of values.
 P99_WINDOW_S = 300.0
 
-#: model/route pairs that get their own windows (only those seen in the last
-#: window count); later ones share one.  A pair costs 14 sketches (up to ~16 KB
-#: each, for latencies spread over two orders of magnitude) and its warm-up
-#: keeps up to `min_samples` traces: 256 pairs stay under ~60 MB and 25,600
-#: warm-up traces, where the model name (a client's choice) could otherwise
-#: make both grow without end.
-MAX_P99_ROUTES = 256
+#: (service, model, route) keys that get their own windows (only those seen in
+#: the last window count); later ones share one.  A key costs 14 sketches (up
+#: to ~16 KB each, for latencies spread over two orders of magnitude) and its
+#: warm-up keeps up to `min_samples` traces: 256 keys stay under ~60 MB and
+#: 25,600 warm-up traces, where the service and model names (the sender's
+#: choice) could otherwise make both grow without end.
+MAX_P99_KEYS = 256
+
+#: Characters of each key part that count: a 15 MiB service name (which the
+#: body limits allow) must not stay held by the tracker for a window after its
+#: trace is gone.  Names that differ only beyond this share a key.
+MAX_P99_KEY_CHARS = 256
+
+#: What the running p99 is kept by: (service.name, model, route).
+P99Key = tuple[str, str, str]
+
+
+def p99_key(r: RequestSummary) -> P99Key:
+    """Gives the key of the request's running p99: its service, model and route
+    (each cut to `MAX_P99_KEY_CHARS`)."""
+    n = MAX_P99_KEY_CHARS
+    return (r.service[:n], r.model[:n], r.route[:n])
 
 
 class _Windows:
-    """One model/route's sketches, one per measure: the window being filled and the one before."""
+    """One key's sketches, one per measure: the window being filled and the one before."""
 
     __slots__ = (
         "count", "current", "last_ns", "p99", "previous", "previous_count", "since", "start_ns",
@@ -164,10 +187,14 @@ class _Windows:
 
 
 class P99Tracker:
-    """Running p99 per (model, route, measure) over the recent past, from DDSketches
-    (1 % relative error).
+    """Running p99 per (service, model, route, measure) over the recent past, from
+    DDSketches (1 % relative error).
 
-    Each model/route has a window being filled and the one before it; its
+    The key is the request's `service.name`, model and route (`p99_key`): the
+    same model name served by two deployments (staging and production, two
+    regions) is two normals, and one's tail must not hide the other's outliers.
+
+    Each key has a window being filled and the one before it; its
     thresholds are read from both.  The current window closes once it is
     `window_s` old *and* holds `min_samples` requests: it becomes the previous
     one, the one before is forgotten, so a burst long past stops counting and
@@ -175,17 +202,21 @@ class P99Tracker:
     is judged once its two sketches hold `min_samples` values (before that the
     p99 is noise).
 
-    Warm-up: the first `min_samples` requests of a model/route, before its
-    first window closes, have no threshold to be judged against; `observe`
-    gives `REASON_P99_WARMUP` for each of them (for the first `warmup` of
-    them, when given), so a short first run is kept whole (at most
-    `min_samples` traces per model/route).  A model/route with
-    no request for a whole window starts over: its past says nothing about
-    the next burst (a new deployment, a restarted load test, a cold start).
+    Warm-up: the first `min_samples` requests of a key, before its first
+    window closes, have no threshold to be judged against; `observe` gives
+    `REASON_P99_WARMUP` for each of them (for the first `warmup` of them,
+    when given), so a short first run is kept whole (at most `min_samples`
+    traces per key).  A key with no request for a whole window starts over:
+    its past says nothing about the next burst (a new deployment, a restarted
+    load test, a cold start).
+
+    The first `max_keys` keys seen within a window get their own windows;
+    later ones share one (logged once), and keys silent for a window are
+    forgotten.
 
     Reading a quantile walks the sketches' bins, so thresholds are cached and
-    refreshed every `refresh` requests of the model/route and when a window
-    closes: each request costs one clock read and one `add` per measure.
+    refreshed every `refresh` requests of the key and when a window closes:
+    each request costs one clock read and one `add` per measure.
     """
 
     #: DDSketch's relative accuracy; a value is "above p99" only beyond twice
@@ -198,28 +229,29 @@ class P99Tracker:
         refresh: int = 32,
         window_s: float = P99_WINDOW_S,
         clock: Callable[[], int] = time.monotonic_ns,
-        max_routes: int = MAX_P99_ROUTES,
+        max_keys: int = MAX_P99_KEYS,
         warmup: int | None = None,
     ) -> None:
-        if min_samples < 1 or refresh < 1 or window_s <= 0 or max_routes < 1:
-            raise ValueError("min_samples, refresh, window_s and max_routes must be positive")
+        if min_samples < 1 or refresh < 1 or window_s <= 0 or max_keys < 1:
+            raise ValueError("min_samples, refresh, window_s and max_keys must be positive")
         if warmup is not None and warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
         self.min_samples = min_samples
         self.refresh = refresh
         self.window_ns = int(window_s * 1e9)
-        self.max_routes = max_routes
+        self.max_keys = max_keys
         #: how many of a warm-up's requests are kept (its first ones; None: all,
         #: 0: none, its requests only feed the sketches)
         self.warmup = min_samples if warmup is None else min(warmup, min_samples)
         self._clock = clock
-        self._windows: dict[tuple[str, str], _Windows] = {}
-        self._overflow: _Windows | None = None  # the pairs beyond `max_routes`
+        self._windows: dict[P99Key, _Windows] = {}
+        self._overflow: _Windows | None = None  # the keys beyond `max_keys`
         self._swept_ns = clock()
 
-    def p99(self, model: str, route: str, measure: str) -> float | None:
-        """Gives the current p99 (None while the model/route's measure lacks `min_samples` values)."""
-        w = self._windows.get((model, route))
+    def p99(self, service: str, model: str, route: str, measure: str) -> float | None:
+        """Gives the current p99 (None while the key's measure lacks `min_samples` values)."""
+        n = MAX_P99_KEY_CHARS
+        w = self._windows.get((service[:n], model[:n], route[:n]))
         if w is None:
             return None
         for i, (name, _) in enumerate(P99_MEASURES):
@@ -229,14 +261,15 @@ class P99Tracker:
 
     def observe(self, r: RequestSummary) -> str | None:
         """Adds the request's measures; gives the p99 reason of the first one above
-        p99, `REASON_P99_WARMUP` while its model/route warms up, else None."""
+        p99, `REASON_P99_WARMUP` while its service/model/route warms up, else None."""
         now = self._clock()
         window_ns = self.window_ns
         if now - self._swept_ns >= window_ns:
             self._sweep(now)
-        w = self._windows.get((r.model, r.route))
+        key = p99_key(r)
+        w = self._windows.get(key)
         if w is None:
-            w = self._open((r.model, r.route), now)
+            w = self._open(key, now)
         elif now - w.last_ns >= window_ns:
             w.reset(now)  # a whole window of silence
         elif w.count >= self.min_samples and now - w.start_ns >= window_ns:
@@ -265,11 +298,16 @@ class P99Tracker:
             return REASON_P99_WARMUP
         return reason
 
-    def _open(self, key: tuple[str, str], now: int) -> _Windows:
-        if len(self._windows) < self.max_routes:
+    def _open(self, key: P99Key, now: int) -> _Windows:
+        if len(self._windows) < self.max_keys:
             w = self._windows[key] = _Windows(now)
             return w
         if self._overflow is None:
+            logger.warning(
+                "tokentrace: more than %d (service, model, route) keys within %.0f s; "
+                "later ones (first: %r) share one running p99 and warm-up",
+                self.max_keys, self.window_ns / 1e9, key,
+            )  # fmt: skip
             self._overflow = _Windows(now)
         return self._overflow
 
@@ -287,7 +325,7 @@ class P99Tracker:
                 p99[i] = None
 
     def _sweep(self, now: int) -> None:
-        """Forgets the pairs silent for a whole window (they would start over anyway)."""
+        """Forgets the keys silent for a whole window (they would start over anyway)."""
         self._swept_ns = now
         window_ns = self.window_ns
         stale = [key for key, w in self._windows.items() if now - w.last_ns >= window_ns]
@@ -296,8 +334,8 @@ class P99Tracker:
 
 
 class Sampler:
-    """Errors, SLO breaches, p99 outliers, rule matches and a model/route's warm-up
-    are kept whole (weight 1); the rest by baseline (weight 1/baseline)."""
+    """Errors, SLO breaches, p99 outliers, rule matches and a service/model/route's
+    warm-up are kept whole (weight 1); the rest by baseline (weight 1/baseline)."""
 
     def __init__(
         self,

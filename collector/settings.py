@@ -151,13 +151,13 @@ ENV["db"] = DB_ENV
 HELP: dict[str, str] = {
     "db": "DuckDB file",
     "host": "address the web UI binds, and the OTLP receivers unless --otlp-host"
-    " (beyond loopback, add --api-token)",
+    "; beyond loopback, set $TOKENTRACE_API_TOKEN",
     "otlp_host": "address the OTLP receivers bind (gRPC, and HTTP with /metrics and /readyz),"
     " e.g. 0.0.0.0 to take the fleet's exports while the web UI stays on loopback",
     "http_port": "OTLP/HTTP port (/v1/traces, /v1/metrics)",
     "grpc_port": "OTLP/gRPC port",
     "web_port": "web UI and JSON API port",
-    "grace_s": "seconds to wait after a trace's root span ends before deciding",
+    "grace_s": "seconds after a trace's root span ends before deciding whether to keep its spans",
     "server_wait_s": "seconds a trace whose LLM client span came without its server side waits"
     " for the server's spans (vLLM and OpenTelemetry SDKs export every 5 s; tokentrace's every"
     " 0.5 s) before it is decided without them; 0: only --grace-s",
@@ -168,25 +168,25 @@ HELP: dict[str, str] = {
     "decision_wait_s": "decide traces whose root never ends after this many seconds",
     "baseline": "probability of keeping an unremarkable trace",
     "max_buffered_spans": "bound of the tail buffer; beyond it receivers answer 503",
-    "max_buffered_bytes": "bound of what the tail buffer's traces weigh in memory (reckoned from"
-    " their strings, plus ~1 KB a span); beyond it receivers answer 503. The span bound alone"
-    " lets big attributes through (40 spans of 15 MiB each took 660 MB); 512 MiB on top of"
-    " DuckDB's 256MB and the process's ~250 MiB keeps serve near 1 GiB, for a 2 GiB host",
+    "max_buffered_bytes": "bound of the memory the tail buffer's traces take (their strings,"
+    " plus ~1 KB a span); beyond it receivers answer 503. The default keeps serve near 1 GiB"
+    " in all: see docs/collector.md",
     "max_body_bytes": "largest accepted request body, also after decompression (gzip, deflate,"
     " zstd), also gRPC messages",
     "slo_ttft_ms": "keep every trace whose TTFT exceeds this",
     "slo_e2e_ms": "keep every trace whose end-to-end time exceeds this",
     "slo_itl_ms": "keep every trace whose largest inter-token gap exceeds this",
-    "api_token": "bearer token required by the web UI and API",
+    "api_token": "bearer token required by the web UI and API; prefer setting"
+    " $TOKENTRACE_API_TOKEN: a flag's value shows in `ps`",
     "duckdb_memory_limit": "DuckDB's memory bound, e.g. 512MB or 2GB",
-    "duckdb_checkpoint_threshold": "write-ahead log size at which DuckDB folds it into the file"
-    " (DuckDB's own default, 16MB, checkpoints so often that the checkpoints cost the collector"
-    " ~2/3 of its insert time; a bigger log is replayed longer after a crash)",
+    "duckdb_checkpoint_threshold": "write-ahead log size at which DuckDB folds it into the file;"
+    " bigger means faster inserts and a longer replay after a crash: see docs/collector.md",
     "keep_rules": "keep every trace with one of these attributes: key=value[,key=value...]"
     " (span or resource attribute, e.g. tenant.id=acme,gen_ai.request.model=big)",
-    "p99_min_samples": "requests a model/route needs before its running p99 keeps slow traces",
-    "p99_warmup": "traces of a model/route kept whole while its p99 warms up: its first ones, at"
-    " most --p99-min-samples, again after 5 minutes without a request (0 keeps none)",
+    "p99_min_samples": "requests a service/model/route needs before its running p99 keeps slow"
+    " traces",
+    "p99_warmup": "keep the first N traces of each service/model/route whole while its p99"
+    " warms up (at most --p99-min-samples; again after 5 idle minutes; 0: none)",
     "max_pending_writes": "batches the DuckDB writer may queue; beyond it receivers answer 503",
     "decode_processes": "worker processes that decode big OTLP/HTTP protobuf exports off the GIL"
     " (0: decode everything in the collector process)",

@@ -118,3 +118,83 @@ def test_the_window_options_say_they_take_a_duration() -> None:
         for option in ("--since", "--until"):
             said = _help_of(COMMANDS[command], option)
             assert "ISO 8601" in said and "ago" in said, (command, option, said)
+
+
+def _settings_help() -> tuple[dict[str, str], dict[str, str]]:
+    from tokentrace.collector.settings import ENV, HELP
+
+    return HELP, ENV
+
+
+def test_serve_help_groups_every_setting_once_and_keeps_its_flag_env_and_default() -> None:
+    from tokentrace.cli import SERVE_GROUPS
+    from tokentrace.collector.settings import CollectorSettings, shown_default
+
+    _, env = _settings_help()
+    names = [name for _, _, group in SERVE_GROUPS for name in group]
+    assert sorted(names) == sorted(CollectorSettings.__dataclass_fields__), "each setting in one section"
+    serve = COMMANDS["tokentrace serve"]
+    titles = [g.title for g in serve._action_groups]
+    assert titles[2:] == [title for title, _, _ in SERVE_GROUPS]  # after positionals, options
+    for name in names:
+        flag = "--" + name.replace("_", "-")
+        assert f"(env {env[name]}; default {shown_default(name)})" in _help_of(serve, flag), flag
+    assert serve.format_usage() == "usage: tokentrace serve [-h] [-v] [--SETTING VALUE ...]\n"
+
+
+def test_db_is_worded_one_way_and_the_demo_says_what_happens_to_its_file() -> None:
+    said = {cmd: _help_of(COMMANDS[f"tokentrace {cmd}"], "--db") for cmd in ("serve", "import", "report", "requests")}
+    assert set(said.values()) == {"DuckDB file (env TOKENTRACE_DB; default tokentrace.duckdb)"}, said
+    demo = _help_of(COMMANDS["tokentrace demo"], "--db")
+    assert "append to" not in demo
+    assert "default tokentrace-demo.duckdb, deleted and made anew each run" in demo
+    assert "A file named here is kept" in demo and "only this run's requests" in demo
+
+
+def test_the_api_token_advice_is_the_environment_variable() -> None:
+    serve = COMMANDS["tokentrace serve"]
+    host = _help_of(serve, "--host")
+    assert "beyond loopback, set $TOKENTRACE_API_TOKEN" in host and "add --api-token" not in host
+    assert "prefer setting $TOKENTRACE_API_TOKEN" in _help_of(serve, "--api-token")
+
+
+def test_setting_help_is_plain_not_design_notes() -> None:
+    help_of, _ = _settings_help()
+    for name in ("max_buffered_bytes", "duckdb_checkpoint_threshold"):
+        assert len(help_of[name]) <= 200, (name, help_of[name])
+        assert "docs/collector.md" in help_of[name]  # where the details are
+    assert " MB" not in help_of["max_buffered_bytes"]  # one unit: MiB (--help's default says it)
+    assert "whether to keep its spans" in help_of["grace_s"]
+    assert help_of["p99_warmup"].startswith("keep the first N traces of each service/model/route")
+    assert "5 idle minutes; 0: none" in help_of["p99_warmup"]
+
+
+def test_tokentrace_help_ends_with_a_quick_start() -> None:
+    text = COMMANDS["tokentrace"].format_help()
+    quick = text[text.index("quick start:"):]
+    for said in ("tokentrace demo", "tokentrace serve", "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318",
+                 "tokentrace report --url http://127.0.0.1:8600", "README.md"):  # fmt: skip
+        assert said in quick, said
+
+
+def test_serve_says_what_to_do_next_once_it_is_up(tmp_path: Path) -> None:
+    from tt_testkit import start_serve
+
+    server = start_serve(tmp_path, "--decode-processes", "0")
+    out = server.stop()
+    assert f"OTLP/HTTP on http://127.0.0.1:{server.http_port}" in out, out  # the line tests parse
+    assert (f"send traces: OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:{server.http_port} "
+            "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf") in out, out  # fmt: skip
+    assert f"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:{server.grpc_port} for gRPC" in out
+    assert f"tokentrace report --url http://127.0.0.1:{server.web_port}\n" in out
+    assert "Ctrl-C stops serve" in out
+
+
+def test_next_steps_for_a_wildcard_address_and_a_token() -> None:
+    from tokentrace.cli import next_steps
+    from tokentrace.collector.settings import CollectorSettings
+
+    said = next_steps(CollectorSettings(host="0.0.0.0", otlp_host="::", api_token="t"))  # noqa: S104
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT=http://[::1]:4318" in said
+    assert "other machines: this host's address" in said
+    assert "tokentrace report --url http://127.0.0.1:8600 (with $TOKENTRACE_API_TOKEN set)" in said

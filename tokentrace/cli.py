@@ -10,11 +10,15 @@ import sys
 import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokentrace import __version__
 from tokentrace._words import counted
+from tokentrace.demo_cli import DEFAULT_DEMO_DB
 from tokentrace.store.location import DB_ENV, DEFAULT_DB
+
+if TYPE_CHECKING:
+    from tokentrace.collector.settings import CollectorSettings
 
 EXIT_USAGE = 2
 EXIT_ERROR = 1
@@ -22,13 +26,12 @@ EXIT_ERROR = 1
 EXIT_BROKEN_PIPE = 141
 
 
+#: `--db`'s help, worded as `serve --help` words every setting (its own `--db` included)
+DB_HELP = f"DuckDB file (env {DB_ENV}; default {DEFAULT_DB})"
+
+
 def _add_db(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--db",
-        type=Path,
-        default=None,
-        help=f"DuckDB file (default: ${DB_ENV} or ./{DEFAULT_DB})",
-    )
+    p.add_argument("--db", type=Path, default=None, help=DB_HELP)
 
 
 def _add_window(p: argparse.ArgumentParser) -> None:
@@ -65,6 +68,26 @@ def _filters(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     )
 
 
+#: `serve --help`'s sections: (title, description, settings), in the order shown.
+SERVE_GROUPS: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
+    ("addresses", None, ("host", "otlp_host", "http_port", "grpc_port", "web_port")),
+    ("security", None, ("api_token",)),
+    (
+        "tail sampling",
+        "which traces keep their spans; every request keeps its summary (docs/collector.md)",
+        ("baseline", "slo_ttft_ms", "slo_e2e_ms", "slo_itl_ms", "keep_rules", "p99_min_samples",
+         "p99_warmup", "grace_s", "server_wait_s", "client_wait_s", "decision_wait_s"),
+    ),
+    (
+        "limits and backpressure",
+        None,
+        ("max_buffered_spans", "max_buffered_bytes", "max_body_bytes", "max_pending_writes",
+         "decode_processes"),
+    ),
+    ("storage", None, ("db", "retention", "duckdb_memory_limit", "duckdb_checkpoint_threshold")),
+)
+
+
 def _serve_parser(sub: _WithParents) -> None:
     from tokentrace.collector.settings import ENV, HELP, CollectorSettings, shown_default
 
@@ -72,8 +95,20 @@ def _serve_parser(sub: _WithParents) -> None:
         "serve",
         help="run the collector (OTLP gRPC 4317, HTTP 4318) and the web UI (8600)",
         description="Run the collector and web explorer. Every setting resolves flag → environment variable → default.",
+        usage="%(prog)s [-h] [-v] [--SETTING VALUE ...]",
     )
-    for name, f in CollectorSettings.__dataclass_fields__.items():
+    group_of: dict[str, argparse._ArgumentGroup] = {}
+    for title, description, names in SERVE_GROUPS:
+        group = p.add_argument_group(title, description)
+        group_of.update(dict.fromkeys(names, group))
+    settings_fields = CollectorSettings.__dataclass_fields__
+    # a setting no section names yet still shows, under its own heading
+    ungrouped = [name for name in settings_fields if name not in group_of]
+    if ungrouped:
+        group_of.update(dict.fromkeys(ungrouped, p.add_argument_group("other settings")))
+    grouped = [name for _, _, names in SERVE_GROUPS for name in names if name in settings_fields]
+    for name in [*grouped, *ungrouped]:
+        f = settings_fields[name]
         flag = "--" + name.replace("_", "-")
         default = f.default
         kind = type(default) if default is not None and not isinstance(default, Path) else str
@@ -81,7 +116,7 @@ def _serve_parser(sub: _WithParents) -> None:
             kind = float
         if name == "db":
             kind = Path
-        p.add_argument(
+        group_of[name].add_argument(
             flag,
             type=kind,
             default=None,
@@ -111,6 +146,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             f"web UI on http://{host_port(settings.host, settings.web_port)}, db {settings.db}",
             flush=True,
         )
+        print(next_steps(settings), flush=True)
 
     warning = exposure_warning(settings.host, settings.api_token)
     if warning:
@@ -118,6 +154,33 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     keep_store_private(settings.db)  # the WAL DuckDB re-creates later, as private as the file
     serve(settings, ready)
     return 0
+
+
+def _local_address(host: str) -> str:
+    """Gives the address this machine reaches a server bound to `host` on: a
+    wildcard (0.0.0.0, ::) is reached on loopback."""
+    bare = host.strip("[]")
+    if bare in ("", "0.0.0.0", "::"):  # noqa: S104 - compared, not bound
+        return "[::1]" if bare == "::" else "127.0.0.1"
+    return f"[{bare}]" if ":" in bare else bare
+
+
+def next_steps(settings: CollectorSettings) -> str:
+    """Gives what `serve` prints under its addresses: where to send traces, how to
+    read the diagnosis, how to stop."""
+    from tokentrace._loopback import is_loopback
+
+    otlp = _local_address(settings.otlp_bind_host)
+    web = _local_address(settings.host)
+    elsewhere = "" if is_loopback(settings.otlp_bind_host) else " (other machines: this host's address)"
+    token = " (with $TOKENTRACE_API_TOKEN set)" if settings.api_token else ""
+    return (
+        f"  send traces: OTEL_EXPORTER_OTLP_ENDPOINT=http://{otlp}:{settings.http_port} "
+        f"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf\n"
+        f"    (or OTEL_EXPORTER_OTLP_ENDPOINT=http://{otlp}:{settings.grpc_port} for gRPC){elsewhere}\n"
+        f"  read the diagnosis: tokentrace report --url http://{web}:{settings.web_port}{token}\n"
+        "  Ctrl-C stops serve"
+    )
 
 
 def exposure_warning(host: str, api_token: str | None) -> str | None:
@@ -174,12 +237,28 @@ def _reading_db(args: argparse.Namespace) -> Iterator[None]:
         raise StoreError(f"{db} is empty: not a tokentrace database")
     try:
         yield
+    except StoreError as exc:
+        hint = _demo_hint(db, args)
+        if hint is None:
+            raise
+        raise StoreError(f"{exc} {hint}") from exc
     except duckdb.CatalogException as exc:
         raise StoreError(
             f"{db} is not a tokentrace database, or one of another version: {_first_line(exc)}"
         ) from exc
     except duckdb.Error as exc:
         raise StoreError(f"cannot read {db}: {_first_line(exc)}") from exc
+
+
+def _demo_hint(db: Path, args: argparse.Namespace) -> str | None:
+    """Gives where the demo's data is when `db` does not exist but the demo's file
+    does (`tokentrace report` after `tokentrace demo`), else None."""
+    demo = DEFAULT_DEMO_DB
+    if getattr(args, "url", None) or db.exists() or not demo.is_file():
+        return None
+    if demo.resolve() == db.resolve():
+        return None
+    return f"(the demo's data is in {demo}: --db {demo})"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -241,11 +320,27 @@ class _WithParents:
         return self._sub.add_parser(name, parents=self._parents, **kwargs)  # type: ignore[no-any-return]
 
 
+#: `tokentrace --help`'s closing lines: the first commands to run
+QUICK_START = """\
+quick start:
+  tokentrace demo        a real tiny LLM server under load, diagnosed (no GPU needed)
+  tokentrace serve       the collector; then point your server's OpenTelemetry SDK at it:
+                         OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318
+                         OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf (or :4317 for gRPC)
+  tokentrace report --url http://127.0.0.1:8600
+                         where the time went and what to fix first
+
+docs: README.md, then docs/ (a command's own options: tokentrace COMMAND --help)
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tokentrace",
-        description="Latency doctor for LLM serving: where did the time of each request go, "
+        description="Latency doctor for LLM serving: where did the time of each request go,\n"
         "and what should you fix first?",
+        epilog=QUICK_START,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"tokentrace {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
@@ -319,9 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start the collector, then a real tiny PyTorch LLM server with continuous "
         "batching for each scenario (one per complaint, plus a healthy one), load it with "
         "production request traces, and print each scenario's diagnosis. The explorer stays up "
-        "afterwards unless --exit.",
+        "afterwards unless --exit. No GPU needed: a run takes about 5-6 minutes on 2 CPU cores.",
     )
-    p.add_argument("--quick", action="store_true", help="a short CI-sized run")
+    p.add_argument("--quick", action="store_true", help="a shorter CI-sized run (about 4 minutes)")
     p.add_argument(
         "--exit", action="store_true", help="stop after the report instead of keeping the UI up"
     )
@@ -335,7 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--db",
         type=Path,
         default=None,
-        help="DuckDB file to append to (default: ./tokentrace-demo.duckdb, made fresh each run)",
+        help=f"DuckDB file (default {DEFAULT_DEMO_DB}, deleted and made anew each run; "
+        f"${DB_ENV} is not read). A file named here is kept: this run's data is added to it, "
+        "and each scenario's diagnosis counts only this run's requests",
     )
     return parser
 
@@ -390,8 +487,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             extra = "demo"  # it needs the server extra and torch: one install gives both
         print(
-            f"tokentrace {args.command}: needs {exc.name}, which `pip install tokentrace` (the SDK "
-            f"alone) leaves out: pip install 'tokentrace[{extra}]'",
+            f"tokentrace {args.command}: needs {exc.name}, which the SDK alone (`pip install .`) "
+            f"leaves out: pip install 'tokentrace[{extra}]' (in a clone: pip install '.[{extra}]')",
             file=sys.stderr,
         )
         return EXIT_ERROR

@@ -13,13 +13,14 @@ import os
 import socket
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokentrace._words import counted
 
 if TYPE_CHECKING:
-    from tokentrace.collector.service import CollectorServer
+    import duckdb
 
 EXAMPLES_ENV = "TOKENTRACE_EXAMPLES"
 DEFAULT_DEMO_DB = Path("tokentrace-demo.duckdb")
@@ -63,33 +64,47 @@ def _port(preferred: int, taken: set[int]) -> int:
     return _port(0, taken)
 
 
-def _wait_written(demo: CollectorServer, service: str, expected: int, timeout_s: float) -> int:
-    """Waits until the collector has decided `expected` requests of `service`; gives how many it has."""
+def _wait_written(
+    conn: duckdb.DuckDBPyConnection, service: str, since_ns: int, expected: int, timeout_s: float
+) -> int:
+    """Waits until the collector has decided `expected` requests of `service` started at
+    or after `since_ns` (this run's: a `--db` file may hold earlier runs'); gives how
+    many it has."""
     deadline = time.monotonic() + timeout_s
     count = 0
-    while time.monotonic() < deadline:
-        cur = demo.collector.conn.cursor()
+    while True:
+        cur = conn.cursor()
         try:
-            row = cur.execute("SELECT count(*) FROM requests WHERE service = ?", [service]).fetchone()
+            row = cur.execute(
+                "SELECT count(*) FROM requests WHERE service = ? AND start_ns >= ?",
+                [service, since_ns],
+            ).fetchone()
             count = int(row[0]) if row else 0
         finally:
             cur.close()
-        if count >= expected:
+        if count >= expected or time.monotonic() >= deadline:
             # the client spans of the last requests may still be in their grace period
             return count
         time.sleep(0.25)
-    return count
 
 
-def _diagnose(demo: CollectorServer, service: str) -> dict[str, Any]:
+def _diagnose(conn: duckdb.DuckDBPyConnection, service: str, since_ns: int) -> dict[str, Any]:
+    """Gives the report of `service`'s requests started at or after `since_ns` (this run's)."""
     from tokentrace.analyzer.filters import Filters
     from tokentrace.analyzer.report import build_report
 
-    cur = demo.collector.conn.cursor()
+    cur = conn.cursor()
     try:
-        return build_report(cur, Filters(service=service))
+        return build_report(cur, Filters(service=service, start_ns=since_ns))
     finally:
         cur.close()
+
+
+def since_option(started_ns: int) -> str:
+    """Gives the `--since` option that keeps a report to requests started at or after
+    `started_ns`, in whole UTC seconds (rounded down)."""
+    started = datetime.fromtimestamp(started_ns // 10**9, tz=timezone.utc)
+    return f"--since {started:%Y-%m-%dT%H:%M:%SZ}"
 
 
 def _progress_printer(name: str, out: Any) -> Any:
@@ -188,9 +203,13 @@ def run_demo(args: argparse.Namespace) -> int:
     )
     prompts = PromptBuilder()
     summary: list[tuple[str, str | None, str | None]] = []
+    run_started_ns = time.time_ns()
     try:
         for scenario in scenarios:
             print(f"▶ {scenario.name}: {scenario.story}", flush=True)
+            # this run's requests of the scenario's service: an explicit --db may
+            # hold an earlier run's (spans carry wall-clock times, as time_ns gives)
+            since_ns = time.time_ns()
             run = run_scenario(
                 scenario,
                 demo.otlp_http_url,
@@ -203,11 +222,11 @@ def run_demo(args: argparse.Namespace) -> int:
             if out.isatty():
                 out.write("\n")
             ok = len(run.results) - run.errors
-            _wait_written(demo, scenario.service, ok, timeout_s=20.0)
+            _wait_written(demo.collector.conn, scenario.service, since_ns, ok, timeout_s=20.0)
             time.sleep(settings.grace_s + 0.5)  # client spans of the last requests
             print(f"  {len(run.results)} requests in {run.seconds:.1f} s ({run.errors} errors)")
             try:
-                report = _diagnose(demo, scenario.service)
+                report = _diagnose(demo.collector.conn, scenario.service, since_ns)
             except Exception as exc:  # say so and go on: the traces are stored either way
                 print(f"  diagnosis failed: {type(exc).__name__}: {exc}")
                 summary.append((scenario.name, scenario.complaint, "(diagnosis failed)"))
@@ -226,8 +245,10 @@ def run_demo(args: argparse.Namespace) -> int:
                   "(then http://127.0.0.1:8600, service = tiny-llm-<scenario>)", flush=True)  # fmt: skip
         else:
             print(f"\nexplore the traces: {demo.web_url}   (service = tiny-llm-<scenario>)", flush=True)
+        # a --db file may hold earlier runs: the report keeps to this one's
+        this_run = f" {since_option(run_started_ns)}" if getattr(args, "db", None) else ""
         print(f"once the demo stops, a scenario's report: tokentrace report --db {settings.db} "
-              "--service tiny-llm-<scenario>", flush=True)  # fmt: skip
+              f"--service tiny-llm-<scenario>{this_run}", flush=True)  # fmt: skip
         if not args.exit:
             print("the explorer stays up; Ctrl-C to stop", flush=True)
             try:

@@ -79,7 +79,7 @@ def test_a_slow_early_burst_stops_hiding_later_outliers_after_a_window(make_rig,
         _decide_round(rig, [request_trace(ttft_ms=40 + i) for i in range(20)])
         rig.clock.advance(30 - 1.5)
         elapsed += 30
-    threshold = tracker.p99("m", "/v1/chat", "ttft_ms")
+    threshold = tracker.p99("svc", "m", "/v1/chat", "ttft_ms")
     assert threshold is not None and threshold < 100  # the burst no longer counts
     outlier = request_trace(ttft_ms=800)  # 15x the new normal, still 10x below the burst
     _decide_round(rig, [outlier])
@@ -146,7 +146,7 @@ def test_the_warm_up_keeps_only_its_first_p99_warmup_traces(clock) -> None:  # t
     assert _run(Sampler(baseline=0.0, p99=tracker), clock, [50.0] * 12, every_s=1.0) == [True] * 3 + [False] * 9
     tracker = P99Tracker(min_samples=10, refresh=4, clock=clock, warmup=0)
     assert not any(_run(Sampler(baseline=0.0, p99=tracker), clock, [50.0] * 10, every_s=1.0))
-    assert tracker.p99("m", "/v1/chat", "ttft_ms") is not None  # the requests fed the sketches
+    assert tracker.p99("", "m", "/v1/chat", "ttft_ms") is not None  # the requests fed the sketches
 
 
 def test_p99_warmup_setting(monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -161,14 +161,14 @@ def test_p99_warmup_setting(monkeypatch) -> None:  # type: ignore[no-untyped-def
 
 
 def test_model_routes_are_bounded_and_forgotten_after_a_silent_window(clock) -> None:  # type: ignore[no-untyped-def]
-    tracker = P99Tracker(min_samples=3, clock=clock, max_routes=2)
+    tracker = P99Tracker(min_samples=3, clock=clock, max_keys=2)
     for model in ("a", "b", "c", "d"):
         tracker.observe(_summary(50.0, model=model))
     assert len(tracker._windows) == 2  # "c" and "d" share the overflow's windows
     assert tracker._overflow is not None and tracker._overflow.count == 2
     clock.advance(WINDOW_S)
     tracker.observe(_summary(50.0, model="e"))
-    assert list(tracker._windows) == [("e", "/v1/chat")]  # the silent ones are forgotten
+    assert list(tracker._windows) == [("", "e", "/v1/chat")]  # the silent ones are forgotten
 
 
 positive = st.floats(min_value=1e-3, max_value=1e6, allow_nan=False, allow_infinity=False)
