@@ -9,6 +9,7 @@ the diagnosis of its service is printed; the explorer stays up until Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import socket
 import sys
@@ -62,6 +63,50 @@ def _port(preferred: int, taken: set[int]) -> int:
                 taken.add(port)
                 return port
     return _port(0, taken)
+
+
+def _port_taken(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it) says an address is in use."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.EADDRINUSE:
+            return True
+        seen = seen.__cause__
+    return False
+
+
+def start_collector(db: Path, attempts: int = 3) -> tuple[Any, Any]:
+    """Starts the demo's collector on 4318/4317/8600 when they are free, else on free
+    ports; gives its settings and the running servers.
+
+    A port found free can be taken before the collector binds it (another program,
+    an outgoing connection's ephemeral port): the start is then tried again on
+    other free ports."""
+    from tokentrace.collector.service import start_servers
+    from tokentrace.collector.settings import resolve
+    from tokentrace.store.connection import keep_store_private
+
+    for attempt in range(attempts):
+        taken: set[int] = set()
+        preferred = (4318, 4317, 8600) if attempt == 0 else (0, 0, 0)
+        settings = resolve(
+            {
+                "db": db,
+                "http_port": _port(preferred[0], taken),
+                "grpc_port": _port(preferred[1], taken),
+                "web_port": _port(preferred[2], taken),
+                # the product default: client spans leave the demo process in batches
+                # (every 0.5 s) and must reach their trace before it is decided
+                "grace_s": 2.0,
+            }
+        )
+        keep_store_private(settings.db)  # its WAL as private as the file (tokentrace/store/connection.py)
+        try:
+            return settings, start_servers(settings)
+        except OSError as exc:
+            if attempt + 1 == attempts or not _port_taken(exc):
+                raise
+    raise AssertionError("unreachable")
 
 
 def _wait_written(
@@ -158,9 +203,6 @@ def run_demo(args: argparse.Namespace) -> int:
     from examples.load.generator import PromptBuilder
     from examples.scenarios import SCENARIOS, get_scenario, run_scenario
     from tokentrace import instrumentation as tt
-    from tokentrace.collector.service import start_servers
-    from tokentrace.collector.settings import resolve
-    from tokentrace.store.connection import keep_store_private
 
     wanted = getattr(args, "scenarios", None)
     scenarios = [get_scenario(n.strip()) for n in wanted.split(",")] if wanted else list(SCENARIOS)
@@ -169,22 +211,9 @@ def run_demo(args: argparse.Namespace) -> int:
         # a fresh demo database each run (an explicit --db is appended to)
         for stale in (db, db.with_name(db.name + ".wal")):
             stale.unlink(missing_ok=True)
-    taken: set[int] = set()
-    settings = resolve(
-        {
-            "db": db,
-            "http_port": _port(4318, taken),
-            "grpc_port": _port(4317, taken),
-            "web_port": _port(8600, taken),
-            # the product default: client spans leave the demo process in batches
-            # (every 0.5 s) and must reach their trace before it is decided
-            "grace_s": 2.0,
-        }
-    )
     out = sys.stdout
-    keep_store_private(settings.db)  # its WAL as private as the file (tokentrace/store/connection.py)
     try:
-        demo = start_servers(settings)
+        settings, demo = start_collector(db)
     except (OSError, RuntimeError) as exc:
         raise SystemExit(f"tokentrace demo: the collector did not start: {exc}") from exc
     print(
