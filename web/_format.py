@@ -12,7 +12,7 @@ import jinja2
 from tokentrace._words import noun
 from tokentrace.analyzer.diagnosis import COMPLAINTS, TITLES
 from tokentrace.analyzer.diagnosis._base import MIN_REQUESTS
-from tokentrace.analyzer.render import coverage_notes
+from tokentrace.analyzer.render import ITL_APPROXIMATE, LATENCY_TERMS, approximate, coverage_notes
 
 #: The problems the diagnosis checks for, in its order: (complaint id, what it says in words).
 #: The search page's complaint choice and the "no findings" note name them.
@@ -73,5 +73,6 @@ def value(v: Any) -> str:
 def install(env: jinja2.Environment) -> None:
     env.filters.update(ms=ms, num=num, counted=counted, pct=pct, when=when, value=value)
     env.globals.update(
-        qs=qs, checks=CHECKS, min_diagnosis_requests=MIN_REQUESTS, coverage_notes=coverage_notes
+        qs=qs, checks=CHECKS, min_diagnosis_requests=MIN_REQUESTS, coverage_notes=coverage_notes,
+        approximate=approximate, itl_approximate=ITL_APPROXIMATE, latency_terms=LATENCY_TERMS,
     )

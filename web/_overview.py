@@ -82,8 +82,8 @@ def headline(cur: duckdb.DuckDBPyConnection, filters: Filters) -> dict[str, Any]
         "window": {"start_ns": r["first_start_ns"], "end_ns": r["last_start_ns"]},
         "requests": {"count": r["requests"], "kept_traces": r["kept"], "errors": r["errors"],
                      "with_client_span": r["with_network"]},
-        "latency": {"e2e": _pcts(r["e2e"]), "ttft": _pcts(r["ttft"]), "tpot": _pcts(r["tpot"]),
-                    "itl": dict.fromkeys(PERCENTILES)},
+        "latency": {"e2e": _pcts(r["e2e"]), "ttft": _pcts(r["ttft"]), "ttft_client": _pcts(r["ttft_client"]),
+                    "tpot": _pcts(r["tpot"]), "itl": dict.fromkeys(PERCENTILES)},
         "buckets": {b: {"share": round((r[f"{b}_total"] or 0.0) / whole, 4) if whole else None} for b in BUCKETS}
         | {"network": {"share": round((r["network_total"] or 0.0) / whole, 4) if whole else None,
                        "measured": bool(r["with_network"])}},
@@ -125,7 +125,8 @@ def overview_data(
     report = cached.report if cached is not None else headline(cur, filters)
     first = filters.start_ns if filters.start_ns is not None else report["window"]["start_ns"]
     last = filters.end_ns if filters.end_ns is not None else report["window"]["end_ns"]
-    series: dict[str, Any] = {"bin_s": None, "t": [], "rps": [], "share": {b: [] for b in BUCKETS}}
+    # `n`: each bin's requests, so a legend's p50 = p99 of a bin of one request says so
+    series: dict[str, Any] = {"bin_s": None, "t": [], "n": [], "rps": [], "share": {b: [] for b in BUCKETS}}
     for m in METRICS:
         series[m] = {p: [] for p in PERCENTILES}
     if first is not None and last is not None and report["requests"]["count"]:
@@ -139,6 +140,7 @@ def overview_data(
         for row in _with_empty_bins(rows, (int(last) - origin) // bin_ns + 1):
             bin_index, count, e2e, ttft, tpot, itl, *totals = row
             series["t"].append((origin + bin_index * bin_ns) / 1e9)
+            series["n"].append(count)
             series["rps"].append(round(count / step, 4))
             for name, values in zip(METRICS, (e2e, ttft, tpot, itl), strict=True):
                 for i, p in enumerate(PERCENTILES):

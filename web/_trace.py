@@ -8,6 +8,7 @@ from typing import Any
 import duckdb
 
 from tokentrace.analyzer.conventions import UNMEASURED_PARTS
+from tokentrace.collector import sampling
 from tokentrace.instrumentation import semconv as sc
 from tokentrace.web import queries
 from tokentrace.web._db import fetch_dicts, time_limit
@@ -20,6 +21,49 @@ SPAN_CAP = 5000
 REQUEST_CAP = 100
 KIND_NAMES = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
 STATUS_NAMES = {0: "unset", 1: "ok", 2: "error"}
+
+
+#: The bucket (and queue part) each of tokentrace's phase spans measures, so the waterfall draws
+#: it in that bucket's colour, as the request's bucket bar above it (docs/buckets.md: the
+#: scheduler's wait is `queue_wait`, tokenizing `tokenize`, post-processing the rest, `other`).
+PHASE_BUCKETS: dict[str, tuple[str, str]] = {
+    sc.SPAN_TOKENIZE: ("queue", "tokenize"),
+    sc.SPAN_QUEUE: ("queue", "queue_wait"),
+    sc.SPAN_PREFILL: ("prefill", "prefill"),
+    sc.SPAN_DECODE: ("decode", "decode"),
+    sc.SPAN_DETOKENIZE: ("queue", "other"),
+}
+
+#: What each measure a p99 reason watches is called in words (`sampling.P99_MEASURES`).
+_MEASURE_WORDS = {
+    "ttft_ms": "TTFT (server)", "e2e_ms": "E2E", "queue_ms": "queue time", "prefill_ms": "prefill time",
+    "decode_ms": "decode time", "network_ms": "network time", "itl_max_ms": "largest inter-token gap",
+}  # fmt: skip
+#: The reason of a trace kept whole because the analyzer failed on it (collector/pipeline.py
+#: `UNSUMMARIZED`, not imported: the pipeline module is heavy and the web needs one name).
+UNSUMMARIZED = "unsummarized"
+#: Why the collector kept a trace's spans, in words, by its sampling reason (docs/collector.md).
+KEPT_REASONS: dict[str, str] = {
+    sampling.REASON_ERROR: "a span had status ERROR, or the request was an error",
+    sampling.REASON_SLO: "its TTFT, E2E or largest inter-token gap was above a configured SLO",
+    **{
+        reason: f"its {_MEASURE_WORDS.get(measure, measure)} was above the running p99 of its service, model and route"
+        for measure, reason in sampling.P99_MEASURES
+    },
+    sampling.REASON_RULE: "a --keep-rules attribute matched",
+    sampling.REASON_P99_WARMUP: "one of its service, model and route's first requests, before there is a p99 to judge it by",
+    sampling.REASON_BASELINE: "picked at random by the baseline sample",
+    UNSUMMARIZED: "the analyzer could not summarize it, so its spans were kept to look at",
+}
+#: What a kept trace's weight is (the adjusted count of tail sampling), said after the reason.
+KEPT_WEIGHT = "Its weight is how many requests it stands for: 1 / the chance it had of being kept."
+
+
+def kept_why(reason: str) -> str:
+    """Gives why the collector kept a trace's whole span tree and what its weight means, in words."""
+    said = KEPT_REASONS.get(reason)
+    why = f"Spans kept whole ({reason}): {said}." if said else f"Spans kept whole (reason {reason})."
+    return f"{why} {KEPT_WEIGHT}"
 
 
 #: Fewest hex digits the jump box takes as the start of a trace id (pages show the first 16).
@@ -94,6 +138,7 @@ def waterfall(spans: list[dict[str, Any]], t0: int, t1: int) -> list[dict[str, A
             continue
         seen.add(span["span_id"])
         kids = children.get(span["span_id"], [])
+        phase = PHASE_BUCKETS.get(span["name"])
         out.append(
             {
                 "span_id": span["span_id"],
@@ -102,6 +147,9 @@ def waterfall(spans: list[dict[str, Any]], t0: int, t1: int) -> list[dict[str, A
                 "name": span["name"],
                 "service": span["service_name"],
                 "kind": KIND_NAMES.get(span["kind"], str(span["kind"])),
+                # the bucket and queue part a phase span measures; None for every other span
+                "bucket": phase[0] if phase else None,
+                "part": phase[1] if phase else None,
                 "status": STATUS_NAMES.get(span["status_code"], str(span["status_code"])),
                 "status_message": span["status_message"],
                 "scope": span["scope"],
@@ -246,7 +294,7 @@ def trace_data(cur: duckdb.DuckDBPyConnection, trace_id: str) -> dict[str, Any]:
         "trace_id": trace_id,
         "start_ns": t0,
         "duration_ms": round((t1 - t0) / 1e6, 3),
-        "kept": kept[0] if kept else None,
+        "kept": {**kept[0], "why": kept_why(str(kept[0]["reason"]))} if kept else None,
         "spans": waterfall(spans, t0, t1),
         "span_count": len(spans),
         "spans_truncated": spans_truncated,

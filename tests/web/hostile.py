@@ -1,8 +1,8 @@
 """Traces whose every string a sender controls is hostile, written through the real import path.
 
-Service name, resource attributes (keys and values), scope, span names, attribute
-keys and values, event names and attributes, status messages, link attributes,
-request ids, models and tenants all carry one of PAYLOADS; doubles are NaN and
+Service name, instance and environment, resource attributes (keys and values), scope,
+span names, attribute keys and values, event names and attributes, status messages, link
+attributes, request ids, models and tenants all carry one of PAYLOADS; doubles are NaN and
 ±Infinity (OTLP/JSON allows them).  Each payload gets a trace of its own, with
 engine steps shared between them so the trace view's "shared requests" show too.
 """
@@ -80,7 +80,7 @@ def _request_doc(rng: random.Random, name: str, p: str, start: int) -> tuple[dic
         request,
         _span(trace_id, ids[2], ids[1], p, 1, tokens[0], end, _everything(p)),
     ]
-    resource = {sc.SERVICE_NAME: p, sc.SERVICE_INSTANCE: p, **_everything(p)}
+    resource = {sc.SERVICE_NAME: p, sc.SERVICE_INSTANCE: p, sc.DEPLOYMENT_ENV: p, **_everything(p)}
     doc = {
         "resourceSpans": [
             {"resource": {"attributes": _kv(resource)}, "scopeSpans": [{"scope": {"name": p}, "spans": spans}]}

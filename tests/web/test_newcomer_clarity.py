@@ -61,8 +61,9 @@ def test_cards_say_whole_window_and_legends_say_latest_bin(web: WebServer, page:
     series = httpx.get(web.url + "/api/overview", timeout=30).json()["series"]
     page.goto(web.url + "/")
     page.wait_for_selector('[data-chart="share"] .uplot')
-    assert page.locator("[data-card]").count() == 4, "the cards do not say what they cover"
-    for m in ("e2e", "ttft", "tpot", "itl"):
+    # E2E, TTFT (server), TTFT (user: the generated traces have client spans), TPOT, ITL
+    assert page.locator("[data-card]").count() == 5, "the cards do not say what they cover"
+    for m in ("e2e", "ttft", "ttft_client", "tpot", "itl"):
         assert "whole window" in page.locator(f'[data-card="{m}"] h4').inner_text().lower(), m
     assert "every token gap" in page.locator('[data-card="itl"] h4').inner_text().lower()
     # the gap chart is named for what it draws, not "ITL": that name is the card's, over every gap

@@ -79,6 +79,9 @@ def test_hostile_traces_show_their_strings_as_text(hostile: HostileServer, recor
         # status message, resource, link attributes: the payload reads as itself wherever it is shown
         assert text.count(p) >= 20, (t.payload_name, text.count(p))
         assert _shown(t.request_id) in text
+        # the request's header names where it ran: each value as text after its name
+        where = page.locator("section.request p.where").first.inner_text()
+        assert where == f"service {p} · environment {p} · instance {p}", (t.payload_name, where[:200])
         titles = page.evaluate("[...document.querySelectorAll('a.shared-link')].map(a => a.title)")
         others = [o for o in hostile.traces if o is not t]
         assert len(titles) == len(others)

@@ -136,12 +136,34 @@
     if (label) label.textContent = latest ? LATEST_LABEL : "UTC";
   }
 
-  function plot(el, series, data, opts, binS) {
+  // The bin's request count, beside its time in the legend (`counts`: the series' `n`): a
+  // legend's p50 = p90 = p95 = p99 then reads as one request's figure, not a tight spread.
+  function countLegend(counts) {
+    return function (u) {
+      var first = u.root.querySelector(".u-legend tr.u-series");
+      if (!first) return;
+      var row = u.root.querySelector(".u-legend tr.u-count");
+      if (!row) {
+        row = document.createElement("tr");
+        row.className = "u-count";
+        row.title = "requests in this bin";
+        row.appendChild(document.createElement("th")).textContent = "requests";
+        row.appendChild(document.createElement("td")).className = "u-value";
+        first.parentNode.insertBefore(row, first.nextSibling);
+      }
+      var idx = u.cursor.idx == null ? latestIndex(u) : u.cursor.idx;
+      var n = idx == null ? null : counts[idx];
+      row.lastChild.textContent = n == null ? "—" : n.toLocaleString("en-US");
+    };
+  }
+
+  function plot(el, series, data, opts, binS, counts) {
     var width = Math.max(300, el.clientWidth || 460);
+    var legendHooks = counts ? [markLatest, countLegend(counts)] : [markLatest];
     var o = Object.assign({ width: width, height: 200, tzDate: utc,
                             series: [{ label: "UTC", value: timeValue }].concat(series),
                             axes: [{ values: TIME_TICKS }, { size: axisSize }],
-                            hooks: { ready: [markLatest], setLegend: [markLatest] },
+                            hooks: { ready: legendHooks, setLegend: legendHooks },
                             legend: { live: true } }, opts || {});
     o.scales = Object.assign({}, o.scales, { x: { time: true, range: timeRange(binS || 1) } });
     // one bin: ticks a slice apart (before, at and after it), not every 200 ms
@@ -175,7 +197,7 @@
                         points: { show: true, size: 6, fill: COLORS[p], filter: lonePoints } };
              }),
              [s.t].concat(ps.map(function (p) { return m[p]; })),
-             { axes: [{ values: TIME_TICKS }, { size: axisSize, values: durationTicks }] }, s.bin_s);
+             { axes: [{ values: TIME_TICKS }, { size: axisSize, values: durationTicks }] }, s.bin_s, s.n);
       } else if (kind === "rps") {
         // a rate starts at 0: uPlot's own range starts near the smallest value, which makes
         // 2 vs 3 req/s look like a tenfold swing
@@ -184,32 +206,33 @@
         if (bars) Object.assign(rate, { paths: bars, fill: "rgba(29,35,42,.6)" });
         plot(el, [rate], [s.t, s.rps], { scales: { y: { range: fromZero } } }, s.bin_s);
       } else if (kind === "share") {
-        // stacked: each line is the running sum so the bands read as shares of 100 %
-        // drawn top band first, so each lower band paints over the one above it
+        // stacked, in the cards' order (network, queue, prefill, decode) from the top band down:
+        // each line is its bucket's share plus those below it, so network's is the bin's whole
+        // and is drawn first; each lower band paints over the one above it
         var names = ["network", "queue", "prefill", "decode"];
         // a bin without requests has no shares: null leaves a gap instead of a band at 0;
         // a bucket not measured in a bin (network without client spans) adds nothing to the stack
         var has = s.t.map(function (t, i) { return names.some(function (b) { return s.share[b][i] != null; }); });
         var acc = s.t.map(function () { return 0; });
-        var stacked = names.map(function (b) {
-          acc = acc.map(function (v, i) { return has[i] ? v + (s.share[b][i] || 0) * 100 : null; });
-          return acc.slice();
-        });
-        var order = [3, 2, 1, 0];
-        plot(el, order.map(function (i) {
+        var stacked = [];
+        for (var k = names.length - 1; k >= 0; k--) {
+          acc = acc.map(function (v, i) { return has[i] ? v + (s.share[names[k]][i] || 0) * 100 : null; });
+          stacked[k] = acc.slice();
+        }
+        plot(el, names.map(function (name) {
                // the legend gives the bucket's own share of the bin ("—" where not measured)
                var own = legendValue(function (v, si, idx) {
-                 var share = s.share[names[i]][idx];
+                 var share = s.share[name][idx];
                  return share == null ? "—" : (share * 100).toFixed(1) + " %";
                });
                // a lone bin between gaps has no band to fill: a dot at each band's top
-               var band = { label: names[i], stroke: COLORS[names[i]], fill: COLORS[names[i]] + "cc", width: 1,
-                            points: { show: true, size: 6, fill: COLORS[names[i]], filter: lonePoints }, value: own };
+               var band = { label: name, stroke: COLORS[name], fill: COLORS[name] + "cc", width: 1,
+                            points: { show: true, size: 6, fill: COLORS[name], filter: lonePoints }, value: own };
                if (bars) band.paths = bars;
                return band;
              }),
-             [s.t].concat(order.map(function (i) { return stacked[i]; })),
-             { scales: { y: { range: [0, 100] } } }, s.bin_s);
+             [s.t].concat(stacked),
+             { scales: { y: { range: [0, 100] } } }, s.bin_s, s.n);
       }
     });
   }
