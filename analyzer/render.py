@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tokentrace._words import counted, noun
+from tokentrace.analyzer.diagnosis._base import MAX_EXAMPLES
 from tokentrace.analyzer.report import BUCKETS, PERCENTILES
 
 #: What a terminal would act on rather than show: C0 and C1 controls (escape sequences
@@ -190,9 +191,37 @@ def _measured(row: dict[str, Any] | None) -> bool:
 
 
 def queue_parts_shown(report: dict[str, Any]) -> bool:
-    """Whether the queue's parts are measured in this window (the text report's `queue =` line)."""
+    """Whether the queue's parts are measured in this window (every format's `queue =` line)."""
     queue = (report.get("buckets") or {}).get("queue") or {}
     return any((queue.get("parts") or {}).values())
+
+
+def queue_parts_line(report: dict[str, Any]) -> str | None:
+    """Gives the queue's parts as every format writes them under the buckets, each part's
+    share of the queue's time ('queue = queue_wait 99.9 %, tokenize 0.0 %, other 0.1 %');
+    None where they are not measured."""
+    if not queue_parts_shown(report):
+        return None
+    parts = report["buckets"]["queue"]["parts"]
+    return "queue = " + ", ".join(f"{k} {(v or 0) * 100:.1f} %" for k, v in parts.items())
+
+
+#: Example traces a finding shows, in every format: all that the JSON holds for it.
+EXAMPLES_SHOWN = MAX_EXAMPLES
+#: Said for a finding with no example trace: none of its requests' span trees was kept
+#: (`{keep_rules}`, `{baseline}`: the options, written as each format writes code).
+NO_EXAMPLES = (
+    "none kept (the spans of these requests were sampled out; {keep_rules} or a higher "
+    "{baseline} keeps more)"
+)
+KEEP_MORE_OPTIONS = {"keep_rules": "tokentrace serve --keep-rules", "baseline": "--baseline"}
+
+
+def shows_no_examples(finding: dict[str, Any]) -> bool:
+    """Whether a finding says it has no example trace: it has the list, and it is empty (a
+    report from an older server without the list says nothing)."""
+    examples = finding.get("example_traces")
+    return isinstance(examples, list) and not examples
 
 
 def legend(report: dict[str, Any]) -> dict[str, list[list[tuple[str, str]]]]:
@@ -271,12 +300,8 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(
             f"  {b:<9} {(share or 0) * 100:5.1f} %  {bar:<40} p50 {format_ms(bucket['p50'])}, p99 {format_ms(bucket['p99'])}"
         )
-    parts = report["buckets"]["queue"].get("parts") or {}
-    if queue_parts_shown(report):
-        lines.append(
-            "            queue = "
-            + ", ".join(f"{k} {(v or 0) * 100:.1f} %" for k, v in parts.items())
-        )
+    parts = queue_parts_line(report)
+    lines += [f"            {parts}"] if parts else []
     unseen = server_unseen_note(report)
     lines += [f"  {unseen}"] if unseen else []
     lines += _text_legend(terms["buckets"]) + _text_legend(terms["requests"])
@@ -296,17 +321,36 @@ def render_text(report: dict[str, Any]) -> str:
             lines.append(f"       - {printable(ev if isinstance(ev, str) else ev.get('text', ev))}")
         lines.append(f"       fix first: {printable(f['fix_first'])}")
         if f.get("example_traces"):
-            lines.append(f"       example traces: {printable(', '.join(f['example_traces'][:3]))}")
+            lines.append(f"       example traces: {printable(', '.join(f['example_traces'][:EXAMPLES_SHOWN]))}")
+        elif shows_no_examples(f):
+            lines.append(f"       example traces: {NO_EXAMPLES.format(**KEEP_MORE_OPTIONS)}")
     return "\n".join(lines) + "\n"
 
 
 def _md_escape(text: object) -> str:
     """Escapes the characters markdown tables and emphasis would read (and, as in text,
-    those a terminal would act on)."""
+    those a terminal would act on).  Not for code spans: see `_md_code`."""
     s = printable(text)
     for ch in ("\\", "|", "*", "_", "`", "<", ">", "[", "]"):
         s = s.replace(ch, "\\" + ch)
     return s
+
+
+_BACKTICKS = re.compile("`+")
+
+
+def _md_code(text: object) -> str:
+    """Gives `text` as a markdown code span, which shows its content as it is: a backslash
+    there is a backslash (`peak\\_hours` would show one), so nothing is escaped; the fence is
+    one backtick longer than any run of backticks inside (CommonMark), with a space each side
+    where the content starts or ends with a backtick or a space (one is stripped each side).
+    Control characters are written out as in text (a newline cannot end the span).  For the
+    findings' list, not tables: a table cell would read a pipe inside as its end."""
+    s = printable(text)
+    fence = "`" * (max((len(run) for run in _BACKTICKS.findall(s)), default=0) + 1)
+    if not s or s[:1] in ("`", " ") or s[-1:] in ("`", " "):
+        s = f" {s} "  # "``" would open a span, not hold an empty one
+    return f"{fence}{s}{fence}"
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -341,10 +385,11 @@ def render_markdown(report: dict[str, Any]) -> str:
             out.append("| network | not measured | | |")
             continue
         out.append(f"| {b} | {(bucket['share'] or 0) * 100:.1f} % | {format_ms(bucket['p50'])} | {format_ms(bucket['p99'])} |")
+    parts = queue_parts_line(report)
+    out += ["", _md_escape(parts)] if parts else []
     for note in coverage_notes(report):
         out += ["", _md_escape(note)]
-    # the markdown table has no queue parts: their names are not explained
-    out += ["", *_md_legend(terms["buckets"][:1] + terms["requests"])]
+    out += ["", *_md_legend(terms["buckets"] + terms["requests"])]
     out += ["", "## Diagnosis", ""]
     findings = report.get("findings") or []
     if not findings:
@@ -354,12 +399,15 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += [_md_escape(FINDINGS_ORDER), *(["", mixed] if mixed else []), ""]
     for i, f in enumerate(findings, 1):
         out.append(
-            f"{i}. **{_md_escape(f['title'])}** (`{_md_escape(f['complaint'])}`, "
+            f"{i}. **{_md_escape(f['title'])}** ({_md_code(f['complaint'])}, "
             f"confidence {format_confidence(f['confidence'])})"
         )
         for e in f.get("evidence", []):
             out.append(f"   - {_md_escape(e.get('text', e) if isinstance(e, dict) else e)}")
         out.append(f"   - *Fix first:* {_md_escape(f['fix_first'])}")
         if f.get("example_traces"):
-            out.append("   - Example traces: " + ", ".join(f"`{_md_escape(t)}`" for t in f["example_traces"][:5]))
+            out.append("   - Example traces: " + ", ".join(_md_code(t) for t in f["example_traces"][:EXAMPLES_SHOWN]))
+        elif shows_no_examples(f):
+            codes = {k: _md_code(v) for k, v in KEEP_MORE_OPTIONS.items()}
+            out.append("   - Example traces: " + NO_EXAMPLES.format(**codes))
     return "\n".join(out) + "\n"

@@ -12,17 +12,21 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tokentrace.analyzer.render import (
+    EXAMPLES_SHOWN,
     FINDINGS_ORDER,
-    ITL_APPROXIMATE,
-    approximate,
+    KEEP_MORE_OPTIONS,
+    NO_EXAMPLES,
     counted,
     coverage_notes,
     describe_window,
     format_confidence,
     latency_cell,
+    legend,
     mixed_services_note,
     no_requests_message,
     noun,
+    queue_parts_line,
+    shows_no_examples,
 )
 from tokentrace.analyzer.render import format_ms as _ms
 from tokentrace.analyzer.report import BUCKETS, PERCENTILES
@@ -173,9 +177,29 @@ def _buckets_svg(buckets: dict[str, Any]) -> str:
     return "".join(parts) + legend + "</svg>"
 
 
-def _buckets_table(buckets: dict[str, Any]) -> str:
+def _legend(lines: list[list[tuple[str, str]]]) -> str:
+    """Gives the names a table shows with what they mean (`render.legend`), a line each."""
+    return "".join(
+        '<p class="note legend">' + "; ".join(f"<b>{_e(name)}</b>: {_e(meaning)}" for name, meaning in line) + "</p>"
+        for line in lines
+    )
+
+
+def _examples(finding: dict[str, Any]) -> str:
+    """Gives a finding's example traces, or says it has none kept (and what keeps more)."""
+    examples = ", ".join(f"<code>{_e(t)}</code>" for t in (finding.get("example_traces") or [])[:EXAMPLES_SHOWN])
+    if examples:
+        return f"<p>Example traces: {examples}</p>"
+    if shows_no_examples(finding):
+        codes = {k: f"<code>{_e(v)}</code>" for k, v in KEEP_MORE_OPTIONS.items()}
+        return f"<p>Example traces: {_e(NO_EXAMPLES).format(**codes)}</p>"
+    return ""
+
+
+def _buckets_table(report: dict[str, Any]) -> str:
     """Gives each bucket's share with its p50 and p99 (as the text and markdown reports), and
     the queue's parts (`queue_wait`, `tokenize`, `other`: their shares of the queue's time)."""
+    buckets = report["buckets"]
     rows = ["<table><tr><th>bucket</th><th>share</th><th>p50</th><th>p99</th></tr>"]
     for b in BUCKETS:
         bucket = buckets[b]
@@ -189,10 +213,9 @@ def _buckets_table(buckets: dict[str, Any]) -> str:
             f"<td>{_e(_ms(bucket.get('p99')))}</td></tr>"
         )
     rows.append("</table>")
-    parts = buckets["queue"].get("parts") or {}
-    if any(v is not None for v in parts.values()):
-        split = ", ".join(f"{_e(k)} {'—' if v is None else f'{v * 100:.1f} %'}" for k, v in parts.items())
-        rows.append(f'<p class="parts">queue = {split} <small>(shares of the queue\'s time)</small></p>')
+    parts = queue_parts_line(report)
+    if parts:
+        rows.append(f'<p class="parts">{_e(parts)} <small>(shares of the queue\'s time)</small></p>')
     return "".join(rows)
 
 
@@ -238,12 +261,11 @@ def render_html(report: dict[str, Any]) -> str:
             findings.append(f'<p class="note">{_e(mixed).replace(option, f"<code>{option}</code>")}</p>')
     for f in report.get("findings") or []:
         evidence = "".join(f"<li>{_e(e.get('text', '') if isinstance(e, dict) else e)}</li>" for e in f.get("evidence", []))
-        examples = ", ".join(f"<code>{_e(t)}</code>" for t in f.get("example_traces", [])[:5])
         findings.append(
             f'<section class="finding"><h3>{_e(f["title"])} <small>{_e(f["complaint"])} · confidence '
             f"{_e(format_confidence(f['confidence']))}</small></h3><ul>{evidence}</ul>"
             f'<p><b>Fix first:</b> {_e(f["fix_first"])}</p>'
-            + (f"<p>Example traces: {examples}</p>" if examples else "")
+            + _examples(f)
             + "</section>"
         )
     body = [
@@ -252,22 +274,24 @@ def render_html(report: dict[str, Any]) -> str:
         "table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right;border-bottom:1px solid #eee}"
         "th{text-align:left}.finding{border-left:4px solid #d79b00;padding-left:1em;margin:1em 0}"
         "small,.note{color:#666;font-weight:normal}"
-        ".sw{display:inline-block;width:10px;height:10px;margin-right:5px;border-radius:2px}.parts{margin:.4em 0}</style></head><body>",
+        ".sw{display:inline-block;width:10px;height:10px;margin-right:5px;border-radius:2px}.parts,.legend{margin:.4em 0}</style></head><body>",
         "<h1>tokentrace report</h1>",
         f"<p><small>{_e(describe_window(report))}</small></p>",
         f"<p><b>{_e(req['count'])}</b> {noun(req['count'], 'request')} · {_e(counted(req['kept_traces'], 'kept trace'))} · "
         f"{_e(counted(req['errors'], 'error'))}</p>",
     ]
     if req["count"]:
+        terms = legend(report)
         body += [
             "<h2>Diagnosis</h2>",
             "".join(findings) or "<p>No latency complaint stands out in this window.</p>",
             "<h2>Latency</h2><table><tr><th></th>" + "".join(f"<th>{_e(p)}</th>" for p in PERCENTILES) + "</tr>",
             "".join(rows) + "</table>",
-            f'<p class="note">ITL {_e(ITL_APPROXIMATE)}</p>' if approximate(report, "itl") else "",
+            _legend(terms["latency"]),
             "<h2>Latency over time</h2>", _timeline_svg(report.get("timeline") or {}),
-            "<h2>Where the time goes</h2>", _buckets_svg(report["buckets"]), _buckets_table(report["buckets"]),
+            "<h2>Where the time goes</h2>", _buckets_svg(report["buckets"]), _buckets_table(report),
             *(f"<p>{_e(note)}</p>" for note in coverage_notes(report)),
+            _legend(terms["buckets"] + terms["requests"]),
             "<h2>Inter-token gaps</h2>", _itl_svg(report.get("itl_histogram") or []),
         ]
     else:

@@ -326,7 +326,10 @@ class CollectorServer:
         # between (DuckDB's own errors, bad settings included, create no file)
         self._db_is_new = not self._db_path.exists()
         self.collector = Collector(settings)
+        #: the ports served on: the settings' until start, then the bound ones (0: any free)
+        self.http_port = settings.http_port
         self.grpc_port = settings.grpc_port
+        self.web_port = settings.web_port
         self._grpc: Any = None
         self._servers: list[Any] = []
         #: per uvicorn server: what it serves, where, and the sockets bound for it
@@ -348,11 +351,11 @@ class CollectorServer:
 
     @property
     def otlp_http_url(self) -> str:
-        return f"http://{host_port(self.settings.otlp_bind_host, self.settings.http_port)}"
+        return f"http://{host_port(self.settings.otlp_bind_host, self.http_port)}"
 
     @property
     def web_url(self) -> str:
-        return f"http://{host_port(self.settings.host, self.settings.web_port)}"
+        return f"http://{host_port(self.settings.host, self.web_port)}"
 
     def start(self, timeout_s: float = 60.0) -> CollectorServer:
         """Starts every server and returns once all of them accept connections.
@@ -395,6 +398,12 @@ class CollectorServer:
                 # bound here, on the caller's thread: a port taken since the check is
                 # then this start's OSError, not uvicorn's SystemExit in the loop thread
                 sockets = bind_sockets(host, port, what)
+                if port == 0 and sockets:  # any free port: the one bound
+                    port = int(sockets[0].getsockname()[1])
+                    if app is otlp_app:
+                        self.http_port = port
+                    else:
+                        self.web_port = port
                 self._listeners.append((what, host_port(host, port), sockets))
                 self._servers.append(
                     quiet_server(
@@ -421,8 +430,8 @@ class CollectorServer:
             raise
         logger.info(
             "tokentrace serving: OTLP/HTTP %s, OTLP/gRPC %s, web %s, db %s",
-            host_port(otlp_host, s.http_port), host_port(otlp_host, self.grpc_port),
-            host_port(s.host, s.web_port), s.db,
+            host_port(otlp_host, self.http_port), host_port(otlp_host, self.grpc_port),
+            host_port(s.host, self.web_port), s.db,
         )  # fmt: skip
         self._restore_gc = tune_for_ingest()
         if self._web_started:  # `report --db` on the held file then names this URL
@@ -539,7 +548,8 @@ def start_servers(settings: CollectorSettings) -> CollectorServer:
 
 
 def serve(settings: CollectorSettings, ready: Any = None) -> None:
-    """Runs the collector until SIGTERM/SIGINT, then decides and flushes everything."""
+    """Runs the collector until SIGTERM/SIGINT, then decides and flushes everything.
+    `ready(server)` is called once every server accepts connections."""
     stop = threading.Event()
     previous: dict[signal.Signals, Any] = {}
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -551,7 +561,7 @@ def serve(settings: CollectorSettings, ready: Any = None) -> None:
         server = start_servers(settings)
         try:
             if ready is not None:
-                ready()
+                ready(server)
             # a timeout keeps the main thread responsive to signals on every platform
             while not stop.wait(0.5):
                 pass

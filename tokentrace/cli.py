@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -132,21 +133,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     explicit = {k: getattr(args, k) for k in CollectorSettings.__dataclass_fields__}
     settings = resolve(explicit)
 
-    def ready() -> None:
+    def ready(server: Any) -> None:
         logging.getLogger("tokentrace").info(
             "tokentrace serve settings: %s",
             ", ".join(f"{k}={v}" for k, v in settings.as_applied().items()),
         )
         from tokentrace._loopback import host_port  # IPv6 literals in brackets
 
-        otlp = settings.otlp_bind_host  # may differ from the web UI's (--otlp-host)
+        # the ports served on: a port 0 in the settings is the one bound
+        served = dataclasses.replace(
+            settings, http_port=server.http_port, grpc_port=server.grpc_port, web_port=server.web_port
+        )
+        otlp = served.otlp_bind_host  # may differ from the web UI's (--otlp-host)
         print(
-            f"tokentrace {__version__}: OTLP/HTTP on http://{host_port(otlp, settings.http_port)}, "
-            f"OTLP/gRPC on {host_port(otlp, settings.grpc_port)}, "
-            f"web UI on http://{host_port(settings.host, settings.web_port)}, db {settings.db}",
+            f"tokentrace {__version__}: OTLP/HTTP on http://{host_port(otlp, served.http_port)}, "
+            f"OTLP/gRPC on {host_port(otlp, served.grpc_port)}, "
+            f"web UI on http://{host_port(served.host, served.web_port)}, db {served.db}",
             flush=True,
         )
-        print(next_steps(settings), flush=True)
+        print(next_steps(served), flush=True)
 
     warning = exposure_warning(settings.host, settings.api_token)
     if warning:

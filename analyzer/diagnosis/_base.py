@@ -15,6 +15,7 @@ from typing import Any
 
 import duckdb
 
+from tokentrace._words import counted
 from tokentrace.analyzer import queries
 from tokentrace.analyzer.filters import Filters
 
@@ -35,7 +36,7 @@ NICE_SLICE_SECONDS = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1800, 360
 FIX_FIRST: dict[str, str] = {
     "tiny_prompts_slow": "Check the serving region against your users, kill cross-region hops, cap queue depth.",
     "bad_in_production": "Separate production traffic, scale earlier, tighten concurrency limits.",
-    "long_wait_then_fast": "Shrink prompts, cap RAG context, reduce pre-fill batching.",
+    "long_wait_then_fast": "Shrink prompts, cap RAG context, reduce prefill batching.",
     "stutter": "Reduce decode batching, separate long and short requests.",
     "peak_hours": "Lower the batch delay where the server waits to fill batches, add priority queues, scale up faster.",
     "big_tenants_slower": "Isolate tenants (per-tenant queues or limits), split background jobs off.",
@@ -71,6 +72,12 @@ class Finding:
     example_traces: list[str] = field(default_factory=list)
     #: the fix for the cause the signal saw (a sentence), said before the complaint's generic fix
     fix_lead: str | None = None
+    #: what follows the lead in place of the complaint's generic fix, where the signal measured
+    #: which of its advice applies ("": none of it does); None: FIX_FIRST's, whole
+    fix_then: str | None = None
+    #: the title where the finding's shape contradicts the complaint's (a server saturated
+    #: throughout has no peak hours); None: TITLES'.  The complaint id stays the same.
+    title: str | None = None
     #: which comparison the finding rests on, where a signal has more than one (peak_hours:
     #: "contrast" or "saturated"; bad_in_production: "environment" or "load"): `diagnose`
     #: uses it to tell one queue's story once.  Not part of the report.
@@ -84,21 +91,24 @@ class Finding:
     def as_dict(self) -> dict[str, Any]:
         return {
             "complaint": self.complaint,
-            "title": TITLES[self.complaint],
+            "title": self.title or TITLES[self.complaint],
             "confidence": round(self.confidence, 3),
             "evidence": self.evidence,
             "example_traces": self.example_traces,
-            "fix_first": fix_first(self.complaint, self.fix_lead),
+            "fix_first": fix_first(self.complaint, self.fix_lead, self.fix_then),
             "affected_trace_ids": self.affected_trace_ids,
         }
 
 
-def fix_first(complaint: str, lead: str | None = None) -> str:
-    """Gives the fix-first advice: the cause-specific fix, then the complaint's generic one."""
-    generic = FIX_FIRST[complaint]
+def fix_first(complaint: str, lead: str | None = None, then: str | None = None) -> str:
+    """Gives the fix-first advice: the cause-specific fix, then the complaint's generic one
+    (or `then`, the part of it the measurements support; "" for none)."""
+    generic = FIX_FIRST[complaint] if then is None else then
     if not lead:
         return generic
-    return f"{lead.rstrip('.')}. Then: {generic[0].lower()}{generic[1:]}"
+    if not generic:
+        return f"{lead.rstrip('.')}."
+    return f"{lead.rstrip('.')}. Then: {generic[0].lower()}{generic[1:].rstrip('.')}."
 
 
 def pick_examples(ranked: list[Finding]) -> None:
@@ -212,6 +222,15 @@ class Context:
         if sec == 60:
             return "minutes"
         return f"{sec / 60:.0f}-minute slices" if sec >= 60 else f"{sec:.0f}-second slices"
+
+    def slices_counted(self, n: int, also: str = "") -> str:
+        """Gives `n` slices with their length after them, and `also` beside it: '12 slices
+        (1 s each; median slice 59 %)', '45 minutes' ("12 1-second slices" reads as one number)."""
+        sec = self.slice_ns / 1e9
+        said = [] if sec == 60 else [f"{duration(sec)}{' each' if n != 1 else ''}"]
+        said += [also] if also else []
+        counts = counted(n, "minute" if sec == 60 else "slice")
+        return f"{counts} ({'; '.join(said)})" if said else counts
 
     @property
     def time_bounds(self) -> tuple[int, int]:

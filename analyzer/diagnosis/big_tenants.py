@@ -50,9 +50,12 @@ def detect(ctx: Context) -> Finding | None:
     who = ("the heaviest tenants" if many else "the heaviest tenant") if worse is h else (
         "lighter tenants" if many else "the lighter tenant")
     names = ", ".join(r["tenant"] for r in worse_rows[:5])
+    # with mixed traffic the tenants are compared on live requests: the figures say so, since
+    # the report's tables are of every request
+    whose = f"{cls} requests: " if cls else ""
     evidence = [
         ev(
-            f"{who} ({names}) {'wait' if many else 'waits'} longer in the queue: p95 {ms(worse['queue_p95'])} vs "
+            f"{whose}{who} ({names}) {'wait' if many else 'waits'} longer in the queue: p95 {ms(worse['queue_p95'])} vs "
             f"{ms(better['queue_p95'])}; E2E p95 {ms(worse['e2e_p95'])} vs {ms(better['e2e_p95'])}",
             queue_p95_ms=worse["queue_p95"], baseline_queue_p95_ms=better["queue_p95"],
             e2e_p95_ms=worse["e2e_p95"], baseline_e2e_p95_ms=better["e2e_p95"],
@@ -60,7 +63,7 @@ def detect(ctx: Context) -> Finding | None:
         ev(
             f"{', '.join(heavy_names[:5])} {'send' if len(heavy_names) > 1 else 'sends'} "
             f"{pct(acc / max(total, 1e-9))} of the "
-            f"{'tokens' if use_tokens else 'requests'} across {len(tenants)} tenants",
+            f"{f'{cls} ' if cls else ''}{'tokens' if use_tokens else 'requests'} across {len(tenants)} tenants",
             heavy_volume_share=acc / max(total, 1e-9), tenants=len(tenants),
         ),
     ]

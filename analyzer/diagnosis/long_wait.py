@@ -1,13 +1,14 @@
-"""`long_wait_then_fast`: pre-fill is expensive; the first token is late, the rest streams fast."""
+"""`long_wait_then_fast`: prefill is expensive; the first token is late, the rest streams fast."""
 
 from __future__ import annotations
 
+from tokentrace._words import counted
 from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms, pct
 
 COMPLAINT = "long_wait_then_fast"
 MIN_REQUESTS = 20
 MIN_TTFT_MS = 250.0
-#: the wait must be mostly pre-fill (not queue), and long against one decode step
+#: the wait must be mostly prefill (not queue), and long against one decode step
 MIN_PREFILL_SHARE_OF_TTFT = 0.5
 MIN_TTFT_PER_TPOT = 10.0
 
@@ -23,10 +24,13 @@ def detect(ctx: Context) -> Finding | None:
         return None
     if tpot is not None and ttft < MIN_TTFT_PER_TPOT * tpot:
         return None
+    # requests without a first token, or seen only by their client, are left out: where there
+    # are any, the figures are not the window's (the report's tables) and say so
+    whose = "" if n >= ctx.count else f"{n} of {counted(ctx.count, 'request')} (those with a first token the server saw): "
     evidence = [
         ev(
-            f"TTFT p50 {ms(ttft)} (p90 {ms(r['ttft_p90'])}), {pct(share)} of it pre-fill; "
-            f"pre-fill is {pct(r['prefill_share'])} of all E2E time",
+            f"{whose}TTFT p50 {ms(ttft)} (p90 {ms(r['ttft_p90'])}), {pct(share)} of it prefill; "
+            f"prefill is {pct(r['prefill_share'])} of {'their' if whose else 'all'} E2E time",
             ttft_p50_ms=ttft, ttft_p90_ms=r["ttft_p90"], prefill_share_of_ttft=share,
             prefill_share=r["prefill_share"], requests=n,
         ),

@@ -57,10 +57,20 @@ HEAVY_WAIT_MS = 1000.0
 #: 19 slots under Azure conversation arrivals: 49 %, median wait 2.9 s; of 20 slots:
 #: 31 %, 0.8 s, which bad_in_production's low/high load comparison names)
 HEAVY_QUEUE_SHARE = 1 / 3
+#: Titles of the saturated shapes, by when the server is over capacity (TITLES' "at peak hours"
+#: would contradict evidence that says no busy slice stands out, or that it is not the one
+#: that waits).  The complaint id stays `peak_hours`.
+SATURATED_TITLES = {
+    "all": "Latency explodes under load: the server is over capacity all the time",
+    "most": "Latency explodes under load: the server is over capacity most of the time",
+    "bursts": "Latency explodes under load: bursts leave a backlog that outlasts them",
+    "short": "Latency explodes under load: more work arrived at once than the server could serve",
+}
 
 
 def busiest_slices(ctx: Context) -> tuple[dict[bool, dict], str | None]:
-    """Gives the slice split (busy / rest) and the traffic class it was counted on."""
+    """Gives the slice split (busy / rest) and the traffic class it was counted on (None: all;
+    evidence counted on one class says so, since the report's tables are of all of them)."""
     # with mixed traffic, peaks are measured on live traffic: batch floods are batch_mode's
     cls = "interactive" if (ctx.overview.get("classes") or 0) > 1 else None
     rows = {r["busy"]: r for r in ctx.query("diag_slices", [ctx.slice_ns, cls, cls])}
@@ -69,10 +79,15 @@ def busiest_slices(ctx: Context) -> tuple[dict[bool, dict], str | None]:
 
 def detect(ctx: Context) -> Finding | None:
     slices, cls = busiest_slices(ctx)
-    return _peak(ctx, slices) or _saturated(ctx, cls, slices)
+    return _peak(ctx, slices, cls) or _saturated(ctx, cls, slices)
 
 
-def _peak(ctx: Context, slices: dict[bool, dict]) -> Finding | None:
+def _arrivals(cls: str | None) -> str:
+    """Gives what the slices' arrivals count: every request, or one class's."""
+    return f"{cls} arrivals" if cls else "arrivals"
+
+
+def _peak(ctx: Context, slices: dict[bool, dict], cls: str | None = None) -> Finding | None:
     busy_s, rest_s = slices.get(True), slices.get(False)
     if not busy_s or not rest_s or busy_s["slices"] + rest_s["slices"] < MIN_SLICES:
         return None
@@ -94,11 +109,15 @@ def _peak(ctx: Context, slices: dict[bool, dict]) -> Finding | None:
     slice_s = ctx.slice_ns / 1e9
     lo, hi = ctx.time_bounds
     window_s = (hi - lo) / 1e9
+    # with mixed traffic the busy slices are the busiest for live arrivals; the queue and
+    # E2E figures are of every request arriving in them
+    by = f" by {_arrivals(cls)}" if cls else ""
+    per_slice = f"{cls} requests per slice" if cls else "per slice"
     # the title says "peak hours": say how long this window's peak is, so a window of
     # minutes does not read as if it held busy hours
     evidence = [
         ev(
-            f"queue is {pct(qb)} of E2E for requests arriving in the busiest 10 % of {label} "
+            f"queue is {pct(qb)} of E2E for requests arriving in the busiest 10 % of {label}{by} "
             f"({busy_s['slices']} slices: {duration(busy_s['slices'] * slice_s)} of this "
             f"{duration(window_s)} window) vs {pct(qr)} otherwise",
             busy_queue_share=qb, baseline_queue_share=qr, slice_seconds=slice_s,
@@ -106,8 +125,8 @@ def _peak(ctx: Context, slices: dict[bool, dict]) -> Finding | None:
             peak_seconds=busy_s["slices"] * slice_s, window_seconds=window_s,
         ),
         ev(
-            f"those slices get {arrival_ratio:.1f}× the arrivals ({busy_s['arrivals_mean']:.1f} vs "
-            f"{rest_s['arrivals_mean']:.1f} per slice); E2E p50 {ms(busy['e2e_p50'])} vs {ms(rest['e2e_p50'])}, "
+            f"those slices get {arrival_ratio:.1f}× the {_arrivals(cls)} ({busy_s['arrivals_mean']:.1f} vs "
+            f"{rest_s['arrivals_mean']:.1f} {per_slice}); E2E p50 {ms(busy['e2e_p50'])} vs {ms(rest['e2e_p50'])}, "
             f"p95 {ms(busy['e2e_p95'])} vs {ms(rest['e2e_p95'])}",
             arrival_ratio=arrival_ratio, busy_e2e_p50_ms=busy["e2e_p50"], baseline_e2e_p50_ms=rest["e2e_p50"],
             busy_e2e_p95_ms=busy["e2e_p95"], baseline_e2e_p95_ms=rest["e2e_p95"],
@@ -124,7 +143,7 @@ def _peak(ctx: Context, slices: dict[bool, dict]) -> Finding | None:
         affected_trace_ids=affected,
         example_traces=examples,
         fix_lead=(
-            f"Add capacity for the busy {label} ({arrival_ratio:.1f}× the usual arrivals): scale out "
+            f"Add capacity for the busy {label} ({arrival_ratio:.1f}× the usual {_arrivals(cls)}): scale out "
             "before them, or refuse the excess early (a concurrency limit answering 429) instead of "
             "queueing it"
         ),
@@ -156,38 +175,47 @@ def _saturated(ctx: Context, cls: str | None, by_arrivals: dict[bool, dict] | No
     heavy = wait_p50 >= HEAVY_WAIT_MS and share >= HEAVY_QUEUE_SHARE
     if not dominates and not heavy:
         return None
-    label = ctx.slice_label()
     slice_s = ctx.slice_ns / 1e9
     median = f"median slice {pct(s['slice_share_p50'])}"
+    # counted on live traffic where batch traffic shares the window: every figure says
+    # so, since the report's tables above are of all of it
+    request = f"{cls} request" if cls else "request"
+    requests, their = f"{request}s", "their " if cls else ""
     if short:
-        where = ""
+        where, shape = "", "short"
     elif dominated == slices:
-        where = f"every one of the window's {slices} {label} ({median})"
-        when = "all the time, with no quiet slices to compare the busy ones with"
+        where = f"every one of the window's {ctx.slices_counted(slices, median)}"
+        when, shape = "all the time, with no quiet slices to compare the busy ones with", "all"
     else:
-        where = f"{dominated} of the window's {slices} {label} ({median})"
+        where = f"{dominated} of the window's {ctx.slices_counted(slices, median)}"
         tail = int(s["tail_slices"] or 0)
         if tail * 3 >= slices:
             where += f", every one from {duration(int(s['tail_from_slices'] or 0) * slice_s)} on"
-        when = (
-            "most of the time, not only in its busiest slices"
-            if covered >= MIN_SATURATED_SLICE_FRACTION
-            else "in bursts, and the backlog they leave outlasts them"
-        )
+        if covered >= MIN_SATURATED_SLICE_FRACTION:
+            when, shape = "most of the time, not only in its busiest slices", "most"
+        else:
+            when, shape = "in bursts, and the backlog they leave outlasts them", "bursts"
     span = max(float(s["span_ms"] or 0.0), 1e-9)
     waiting = float(s["queue_wait_total"] or 0.0) / span
     served = float(s["compute_total"] or 0.0) / span
-    text = (
-        f"queue wait is {pct(share)} of E2E (of the median request's, {pct(request_share)}) for "
-        f"{int(s['n'] or 0)} requests arriving within {slices} {label}, too few to compare busy "
-        "slices with quiet ones: the server took in more work than it could serve at once"
-        if short
-        else f"queue wait is {pct(share)} of E2E, and at least {pct(bar)} in {where}: "
-        f"the server accepts more work than it serves {when}"
-    )
-    if not dominates:
-        # the queue stays short of half of E2E: the wait itself says it is heavy
-        text = f"the median request waits {ms(wait_p50)} in the queue; " + text
+    if short:
+        text = (
+            f"queue wait is {pct(share)} of E2E (of the median request's, {pct(request_share)}) for "
+            f"{int(s['n'] or 0)} {requests} arriving within {ctx.slices_counted(slices)}, too few to "
+            "compare busy slices with quiet ones: the server took in more work than it could serve at once"
+        )
+        if not dominates:
+            text = f"the median {request} waits {ms(wait_p50)} in the queue; " + text
+    else:
+        text = (
+            f"queue wait is {pct(share)} of {their}E2E, and at least {pct(bar)} in {where}: "
+            f"the server accepts more work than it serves {when}"
+        )
+        if not dominates:
+            # the queue stays short of half of E2E: the wait itself says it is heavy
+            text = f"the median {'one' if cls else 'request'} waits {ms(wait_p50)} in the queue; " + text
+        if cls:
+            text = f"{requests}: {text}"
     evidence = [
         ev(
             text,
@@ -196,17 +224,17 @@ def _saturated(ctx: Context, cls: str | None, by_arrivals: dict[bool, dict] | No
             slice_queue_share_p50=s["slice_share_p50"],
         ),
         ev(
-            f"on average {waiting:.1f} requests wait in the queue while {served:.1f} are being "
-            f"served (Little's law); queue wait p50 {ms(wait_p50)}, p95 {ms(s['queue_wait_p95'])} "
-            f"against prefill + decode p50 {ms(s['compute_p50'])}; E2E p95 {ms(s['e2e_p95'])}",
+            f"on average {waiting:.1f} {requests} wait in the queue while {served:.1f} are being "
+            f"served (Little's law); {their}queue wait p50 {ms(wait_p50)}, p95 {ms(s['queue_wait_p95'])} "
+            f"against prefill + decode p50 {ms(s['compute_p50'])}; {their}E2E p95 {ms(s['e2e_p95'])}",
             queue_length_mean=waiting, in_service_mean=served, queue_wait_p50_ms=wait_p50,
             queue_wait_p95_ms=s["queue_wait_p95"], compute_p50_ms=s["compute_p50"],
             e2e_p95_ms=s["e2e_p95"],
         ),
     ]
     first, last = float(s["first_wait_p50"] or 0.0), float(s["last_wait_p50"] or 0.0)
-    evidence.append(_trend(first, last, wait_p50, float(s["compute_p50"] or 0.0)))
-    lag = _lagging_backlog(ctx, by_arrivals or {}) if not short else None
+    evidence.append(_trend(first, last, wait_p50, float(s["compute_p50"] or 0.0), cls))
+    lag = _lagging_backlog(ctx, by_arrivals or {}, cls) if not short else None
     if lag is not None:
         evidence.append(lag)
     affected, examples = ctx.traces(ctx.query("affected_window", [SATURATED_QUEUE_SHARE]))
@@ -232,11 +260,12 @@ def _saturated(ctx: Context, cls: str | None, by_arrivals: dict[bool, dict] | No
         affected_trace_ids=affected,
         example_traces=examples,
         fix_lead=(
-            f"Add capacity: on average {waiting:.1f} requests wait while {served:.1f} are served; "
+            f"Add capacity: on average {waiting:.1f} {requests} wait while {served:.1f} are served; "
             "scale out, or refuse the excess early (a concurrency limit answering 429) instead of "
             "queueing it"
         ),
         basis="saturated",
+        title=SATURATED_TITLES[shape],
     )
 
 
@@ -252,25 +281,29 @@ def _one_tenants_burst(ctx: Context, busy_ids: list[int]) -> bool:
     return bool(tenant) and share >= BURST_TENANT_SHARE and share >= BURST_SHARE_RATIO * rest.get(tenant, 0.0)
 
 
-def _trend(first: float, last: float, wait_p50: float, compute_p50: float) -> dict[str, Any]:
-    """Says whether the backlog grows (arrivals outpace service), holds, or drains."""
+def _trend(
+    first: float, last: float, wait_p50: float, compute_p50: float, cls: str | None = None
+) -> dict[str, Any]:
+    """Says whether the backlog grows (arrivals outpace service), holds, or drains (of class
+    `cls`'s requests, where the figures are counted on one class)."""
     numbers = {"first_queue_wait_p50_ms": first, "last_queue_wait_p50_ms": last}
-    head = f"from {ms(first)} for the first fifth of arrivals to {ms(last)} for the last"
+    wait = f"{cls} requests' queue wait p50" if cls else "queue wait p50"
+    head = f"from {ms(first)} for the first fifth of {'their ' if cls else ''}arrivals to {ms(last)} for the last"
     if last >= GROWING_WAIT_RATIO * max(first, 1e-9):
-        return ev(f"queue wait p50 rises {head}: arrivals outpace service and the backlog grows",
+        return ev(f"{wait} rises {head}: arrivals outpace service and the backlog grows",
                   backlog="growing", **numbers)
     if first >= GROWING_WAIT_RATIO * max(last, 1e-9):
         still = (
             "requests still wait longer than they compute"
             if wait_p50 > compute_p50
-            else f"the median request still waits {ms(wait_p50)}"
+            else f"the median {f'{cls} ' if cls else ''}request still waits {ms(wait_p50)}"
         )
-        return ev(f"queue wait p50 falls {head}: the backlog drains, yet {still}", backlog="draining", **numbers)
-    return ev(f"queue wait p50 holds {head}: a steady backlog, the server running at capacity "
+        return ev(f"{wait} falls {head}: the backlog drains, yet {still}", backlog="draining", **numbers)
+    return ev(f"{wait} holds {head}: a steady backlog, the server running at capacity "
               "with requests always waiting", backlog="steady", **numbers)
 
 
-def _lagging_backlog(ctx: Context, by_arrivals: dict[bool, dict]) -> dict[str, Any] | None:
+def _lagging_backlog(ctx: Context, by_arrivals: dict[bool, dict], cls: str | None = None) -> dict[str, Any] | None:
     """Says, where it is so, that the busiest arrival slices queue no more than the rest: the
     backlog a burst builds is waited out by the requests after it (why no peak is named)."""
     busy_s, rest_s = by_arrivals.get(True), by_arrivals.get(False)
@@ -288,7 +321,7 @@ def _lagging_backlog(ctx: Context, by_arrivals: dict[bool, dict]) -> dict[str, A
     if qb > qr:
         return None
     return ev(
-        f"requests arriving in the busiest 10 % of {ctx.slice_label()} ({arrivals:.1f}× the arrivals) "
+        f"requests arriving in the busiest 10 % of {ctx.slice_label()} ({arrivals:.1f}× the {_arrivals(cls)}) "
         f"spend {pct(qb)} of E2E in the queue, the rest {pct(qr)}: the backlog lags behind the "
         "bursts that build it, so the busiest slices are not the ones that wait",
         busy_queue_share=qb, baseline_queue_share=qr, arrival_ratio=arrivals,

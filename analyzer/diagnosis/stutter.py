@@ -10,8 +10,15 @@ from tokentrace.analyzer.itl import STALL_FACTOR, STALL_MIN_MS
 COMPLAINT = "stutter"
 MIN_STREAMS = 20
 MIN_STALLED_FRACTION = 0.08
-#: a prefill step is "large" at the window's p90 of prefill sizes, and never below this
+#: an engine step's prefill (its tokens summed over the requests it prefills) is "large" at
+#: the window's p90 of those sums, or half the largest when that is lower, never below this
 MIN_LARGE_PREFILL_TOKENS = 256
+#: How the evidence says where the bar for a large prefill came from (`large_prefill_basis`).
+LARGE_PREFILL_BASIS = {
+    "p90": "the top tenth of this window's step prefills",
+    "half_max": "half the largest step prefill of this window",
+    "floor": f"a floor of {MIN_LARGE_PREFILL_TOKENS} tokens: this window's own bar is lower",
+}
 #: stalled streams must overlap large prefills this much more often than smooth ones to count as linked
 MIN_PREFILL_LINK = 0.15
 #: Engine steps seen but no prefill link: gaps a few times the typical one are what CPU
@@ -53,21 +60,18 @@ def detect(ctx: Context) -> Finding | None:
     linked = False
     large = 0
     if steps.get("steps"):
-        # large: the window's p90 prefill, or half its biggest when that is lower (with a
-        # few big prompts the p90 lands on the very biggest, and a 1,200-token prefill that
-        # froze streams for 200 ms would count as smooth beside a 2,000-token one)
-        top = int(steps["p90"] or 0)
-        large = max(MIN_LARGE_PREFILL_TOKENS, min(top, int(steps["max"] or 0) // 2) or top)
+        large, basis = large_prefill(int(steps["p90"] or 0), int(steps["max"] or 0))
         rows = {x["stalled"]: x for x in ctx.query("diag_stutter_steps", [large, lo, hi])}
         s, smooth = rows.get(True), rows.get(False)
         if s and smooth and s["n"] and smooth["n"]:
             fs, fm = s["overlapped"] / s["n"], smooth["overlapped"] / smooth["n"]
             evidence.append(
                 ev(
-                    f"{pct(fs)} of stalled streams decoded while a prefill of ≥ {large} tokens ran "
-                    f"in the same engine vs {pct(fm)} of smooth streams",
+                    f"{pct(fs)} of stalled streams decoded while their engine ran a step that prefilled "
+                    f"≥ {large} tokens (summed over the step's requests; {LARGE_PREFILL_BASIS[basis]}) "
+                    f"vs {pct(fm)} of smooth streams",
                     stalled_with_large_prefill=fs, smooth_with_large_prefill=fm,
-                    large_prefill_tokens=large,
+                    large_prefill_tokens=large, large_prefill_basis=basis,
                 )
             )
             strength += max(0.0, (fs - fm) / 0.3)
@@ -87,10 +91,23 @@ def detect(ctx: Context) -> Finding | None:
     )
 
 
+def large_prefill(p90: int, largest: int) -> tuple[int, str]:
+    """Gives the tokens from which an engine step's prefill is large, and where that bar
+    comes from (a `LARGE_PREFILL_BASIS` key): the window's p90 of step prefills, or half its
+    largest when that is lower (with a few big prompts the p90 lands on the very biggest, and
+    a 1,200-token prefill that froze streams for 200 ms would count as smooth beside a
+    2,000-token one), never below MIN_LARGE_PREFILL_TOKENS."""
+    half = largest // 2
+    bar, basis = (half, "half_max") if 0 < half < p90 else (p90, "p90")
+    if bar < MIN_LARGE_PREFILL_TOKENS:
+        return MIN_LARGE_PREFILL_TOKENS, "floor"
+    return bar, basis
+
+
 def chunked_prefill_fix(large_tokens: int) -> str:
     """Gives the fix when stalls come with large prefills run whole beside the decodes."""
     return (
         f"Enable chunked prefill, with a per-step token budget well below the ≥ {large_tokens}-token "
-        "prefills that ran beside the stalled streams (vLLM --enable-chunked-prefill and a smaller "
+        "prefill steps that ran beside the stalled streams (vLLM --enable-chunked-prefill and a smaller "
         "--max-num-batched-tokens, SGLang --chunked-prefill-size, TGI --max-batch-prefill-tokens)"
     )

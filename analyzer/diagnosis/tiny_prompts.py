@@ -30,11 +30,19 @@ LOAD_QUEUE_RATIO = 0.5
 #: The fix for where the time goes, said before the complaint's generic fix.
 FIX_LEAD = {
     "network": "Network is {part} of their {wait} wait for the first token: serve these users from a "
-    "region near them",
+    "region near them, with no cross-region hop on the way (gateway, proxy, auth)",
     "queue": "The server's queue is {part} of their {wait} wait for the first token: look at what the "
     "gateway, middleware and "
     "tokenization spend on a small request, and at how long it waits for the scheduler",
 }
+#: The complaint's generic fix (FIX_FIRST), by the part of the wait each piece of it is for.
+#: A piece follows the lead only where its part is at least REAL_PART_SHARE of the mean wait
+#: for the first token (no "cap queue depth" for 2 ms of queue) and the lead has not said it.
+FIX_THEN = {
+    "network": "check the serving region against your users, kill cross-region hops",
+    "queue": "cap queue depth",
+}
+REAL_PART_SHARE = 0.2
 
 
 def _load_driven(tiny: dict[str, Any], rest: dict[str, Any]) -> bool:
@@ -73,16 +81,21 @@ def detect(ctx: Context) -> Finding | None:
         ev(
             f"for prompts of ≤ {cut} tokens, {k} of {counted(tiny['n'], 'request')} ({pct(k / tiny['n'])}) "
             f"spend at least half their wait for the first token on network + queue (median share "
-            f"{pct(share)}; median network + queue {ms(overhead)} of a {ms(tiny['wait_p50'])} wait, "
-            f"E2E {ms(tiny['e2e_p50'])})",
+            f"{pct(share)}; median network + queue {ms(overhead)} of a median {ms(tiny['wait_p50'])} wait, "
+            f"median E2E {ms(tiny['e2e_p50'])})",
             prompt_tokens_max=cut, requests=tiny["n"], overhead_bound_requests=k,
             overhead_share=share, overhead_p50_ms=overhead, first_token_wait_p50_ms=tiny["wait_p50"],
             e2e_p50_ms=tiny["e2e_p50"], compute_p50_ms=tiny["compute_p50"],
         ),
         ev(
-            f"{'that request waits' if k == 1 else f'those {k} wait'} {ms(wait_mean)} for their first "
-            f"token on average: {network_text} + queue {ms(queue_mean)} + compute {ms(compute_mean)}; "
-            f"most of it is {where}",
+            (
+                f"that request waits {ms(wait_mean)} for its first token: "
+                if k == 1
+                else f"those {k} wait {ms(wait_mean)} for their first token (mean): "
+            )
+            + f"{network_text} + queue {ms(queue_mean)} + compute {ms(compute_mean)}"
+            + ("" if k == 1 else " (means)")
+            + f"; most of it is {where}",
             where=where, overhead_bound_wait_mean_ms=wait_mean, overhead_bound_network_mean_ms=net_mean,
             overhead_bound_queue_mean_ms=queue_mean, overhead_bound_compute_mean_ms=compute_mean,
             network_p50_ms=tiny["network_p50"] or 0.0, queue_p50_ms=tiny["queue_p50"] or 0.0,
@@ -113,4 +126,16 @@ def detect(ctx: Context) -> Finding | None:
         fix_lead=FIX_LEAD[where].format(
             part=ms(net_mean if where == "network" else queue_mean), wait=ms(wait_mean)
         ),
+        fix_then=fix_then(where, {"network": net_mean, "queue": queue_mean}, wait_mean),
     )
+
+
+def fix_then(where: str, parts_ms: dict[str, float], wait_ms: float) -> str:
+    """Gives the generic advice that follows the lead: the pieces for the parts of the wait
+    that are real and that the lead (for `where`) does not already cover; "" for none."""
+    said = [
+        advice
+        for part, advice in FIX_THEN.items()
+        if parts_ms[part] >= REAL_PART_SHARE * wait_ms and not (part == "network" and where == "network")
+    ]
+    return ", ".join(said)

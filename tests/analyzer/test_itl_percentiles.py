@@ -106,7 +106,8 @@ def test_the_rendered_reports_mark_estimated_itl(write_workload) -> None:  # typ
     assert itl_row.count("≈") == 4, itl_row
     assert "≈: estimated from per-request histograms, within 12 %" in text
     assert "| ITL | ≈ " in render_markdown(approx)
-    assert "ITL ≈: estimated" in render_html(approx)
+    # the HTML report says it in the same legend as the text and markdown reports
+    assert "<b>ITL</b>: gap between consecutive tokens (≈: estimated from per-request histograms" in render_html(approx)
     for render in (render_text, render_markdown, render_html):
         assert "≈" not in render(exact)
     # a report from an older server has no `approximate`: nothing is marked

@@ -1,10 +1,10 @@
-"""`long_wait_then_fast` says the first token's wait is pre-fill: only requests whose
+"""`long_wait_then_fast` says the first token's wait is prefill: only requests whose
 server was seen measure that.
 
 A client-only trace (OTel GenAI / OpenLLMetry / OpenInference client spans, no server
 span: flagged `server_unseen`) cannot split its wait between network, queue and
-pre-fill, so all of it reads as pre-fill.  The detector used to report "100 % of it
-pre-fill" for such streams, where the wait may as well be a cross-region hop or a queue.
+prefill, so all of it reads as prefill.  The detector used to report "100 % of it
+prefill" for such streams, where the wait may as well be a cross-region hop or a queue.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _server_seen(rng: random.Random, t0: int):  # type: ignore[no-untyped-def]
 def test_client_only_streams_claim_no_prefill(write_workload) -> None:  # type: ignore[no-untyped-def]
     requests = _requests(_client_only)
     assert all(FLAG_SERVER_UNSEEN in r.flags for r in requests)
-    assert all(r.prefill_ms > 700 for r in requests)  # the unsplit wait, read as pre-fill
+    assert all(r.prefill_ms > 700 for r in requests)  # the unsplit wait, read as prefill
     report = build_report(write_workload(Workload(requests)))
     assert "long_wait_then_fast" not in [f["complaint"] for f in report["findings"]], report["findings"]
 

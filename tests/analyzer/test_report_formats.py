@@ -54,7 +54,9 @@ def test_text_and_markdown_show_the_diagnosis(db: Path) -> None:
     assert "big_tenants_slower" in text and "fix first" in text
     md = _report(db, "markdown")
     assert md.startswith("# tokentrace report")
-    assert "| end-to-end |" in md and "big\\_tenants\\_slower" in md
+    # a code span shows its content as it is: no backslash escapes inside
+    assert "| end-to-end |" in md and "(`big_tenants_slower`, confidence" in md
+    assert "big\\_tenants" not in md
     assert "<script>" not in md
 
 

@@ -7,13 +7,18 @@ from typing import Any
 
 import pytest
 
+from tokentrace.analyzer.diagnosis._base import MAX_EXAMPLES
 from tokentrace.analyzer.render import (
     DEFAULT_OTLP_GRPC,
     DEFAULT_OTLP_HTTP,
+    EXAMPLES_SHOWN,
+    legend,
     no_requests_message,
+    printable,
     render_markdown,
     render_text,
 )
+from tokentrace.analyzer.render_html import render_html
 from tokentrace.collector.settings import CollectorSettings
 
 
@@ -105,3 +110,73 @@ def test_odd_collector_addresses_are_shown_safely_or_not_at_all(otlp: object) ->
     report["otlp"] = otlp
     said = no_requests_message(report)
     assert "\x1b" not in said and "OTLP" in said
+
+
+def test_the_html_report_has_the_same_legend_and_queue_parts() -> None:
+    report = _report()
+    report["latency"]["approximate"] = {"itl": ["p50", "p90", "p95", "p99"]}
+    page = render_html(report)
+    terms = legend(report)
+    latency = _between(page, "<h2>Latency</h2>", "<h2>Latency over time</h2>")
+    buckets = _between(page, "<h2>Where the time goes</h2>", "<h2>Inter-token gaps</h2>")
+    for where, lines in ((latency, terms["latency"]), (buckets, terms["buckets"] + terms["requests"])):
+        for line in lines:
+            said = "; ".join(f"<b>{name}</b>: {meaning}" for name, meaning in line).replace("'", "&#x27;")
+            assert said in where, said
+    # the queue's parts, the names the legend explains, and ITL's ≈ in the legend as in text
+    assert "queue = queue_wait 50.0 %, tokenize 10.0 %, other 40.0 %" in buckets
+    assert "<b>queue_wait</b>: measured scheduler wait" in buckets
+    assert "<b>ITL</b>: gap between consecutive tokens (≈: estimated from per-request histograms" in latency
+    assert "queue_wait" not in render_html(_report(queue_parts=False))
+
+
+def test_the_markdown_report_gives_the_queue_parts_and_explains_them() -> None:
+    md = render_markdown(_report())
+    buckets = _between(md, "## Where the time goes", "## Diagnosis")
+    assert "queue = queue\\_wait 50.0 %, tokenize 10.0 %, other 40.0 %" in buckets
+    assert "**queue_wait**: measured scheduler wait; **tokenize**: measured tokenization" in buckets
+    bare = _between(render_markdown(_report(queue_parts=False)), "## Where the time goes", "## Diagnosis")
+    assert "queue =" not in bare and "queue_wait" not in bare
+
+
+def _with_finding(complaint: str, examples: list[str]) -> dict[str, Any]:
+    report = _report()
+    report["findings"] = [
+        {"complaint": complaint, "title": "It starts responding, then freezes or stutters", "confidence": 0.7,
+         "evidence": [{"text": "stalls"}], "example_traces": examples, "fix_first": "Fix it.",
+         "affected_trace_ids": examples},
+    ]  # fmt: skip
+    return report
+
+
+def test_every_format_shows_the_same_example_traces() -> None:
+    ids = [f"{i:032x}" for i in range(1, MAX_EXAMPLES + 3)]
+    report = _with_finding("stutter", ids)
+    assert EXAMPLES_SHOWN == MAX_EXAMPLES  # all that a finding holds (`pick_examples`)
+    for render in (render_text, render_markdown, render_html):
+        out = render(report)
+        shown = [t for t in ids if t in out]
+        assert shown == ids[:EXAMPLES_SHOWN], (render.__name__, len(shown))
+
+
+def test_markdown_code_spans_show_their_content_as_it_is() -> None:
+    ids = ["ab" * 16, "a`b", "`x", "x|y<z>", "c\\d"]
+    md = render_markdown(_with_finding("peak_hours", ids))
+    # a backslash inside a code span is shown: no escapes there
+    assert "(`peak_hours`, confidence 70 %)" in md and "peak\\_hours" not in md
+    assert "Example traces: `" + "ab" * 16 + "`, ``a`b``, `` `x ``, `x|y<z>`, `c\\d`" in md
+    markdown_it = pytest.importorskip("markdown_it")
+    line = next(ln for ln in md.splitlines() if "Example traces" in ln)
+    tokens = markdown_it.MarkdownIt("commonmark").parseInline(line)[0].children
+    assert [t.content for t in tokens if t.type == "code_inline"] == ids
+
+
+def test_span_values_cannot_break_out_of_a_code_span() -> None:
+    evil = "x`\n3. **forged** `y\x1b[2J"
+    md = render_markdown(_with_finding(evil, [evil]))
+    assert "\x1b" not in md and "\n3. **forged**" not in md
+    # the whole value stays inside its spans, written out as text writes it
+    markdown_it = pytest.importorskip("markdown_it")
+    for line in (ln for ln in md.splitlines() if "forged" in ln):
+        tokens = markdown_it.MarkdownIt("commonmark").parseInline(line)[0].children
+        assert printable(evil) in [t.content for t in tokens if t.type == "code_inline"], line

@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from tokentrace.analyzer.diagnosis import tiny_prompts
 from tokentrace.analyzer.diagnosis._base import FIX_FIRST, ms
 from tokentrace.analyzer.export import write_requests
 from tokentrace.analyzer.filters import Filters
@@ -80,13 +81,20 @@ def test_tiny_prompts_evidence_figures_add_up(write_workload, name: str) -> None
     assert net + queue + compute == pytest.approx(wait, abs=1e-3)
     assert (net + queue) / wait >= 0.5  # each of them spends half or more: so do their sums
     text = split_line["text"]
-    assert text.startswith(f"those {k} wait {ms(wait)} for their first token on average: "), text
+    # the first line's figures are medians, these are means: each says which
+    assert text.startswith(f"those {k} wait {ms(wait)} for their first token (mean): "), text
+    assert "(means); most of it is" in text
+    assert f"median network + queue {ms(share_line['overhead_p50_ms'])} of a median " in share_line["text"]
+    assert f"median E2E {ms(share_line['e2e_p50_ms'])})" in share_line["text"]
     total, *parts = _durations(text)
     assert len(parts) == 3 and sum(parts) == pytest.approx(total, abs=_tolerance(text)), text
     # and "most of it" is decided on those same figures
     assert split_line["where"] == ("network" if net > queue else "queue")
     assert text.endswith(f"most of it is {split_line['where']}")
-    assert f["fix_first"].endswith(FIX_FIRST["tiny_prompts_slow"][1:])
+    # the generic advice follows only for the parts of the wait that are real (tiny_prompts.fix_then)
+    then = tiny_prompts.fix_then(split_line["where"], {"network": net, "queue": queue}, wait)
+    assert f["fix_first"].endswith(f". Then: {then}." if then else ".")
+    assert f["fix_first"].count("region") <= 2, f["fix_first"]
 
 
 def test_tiny_prompts_where_follows_the_time_not_per_bucket_medians(write_workload) -> None:  # type: ignore[no-untyped-def]
@@ -139,7 +147,7 @@ def test_stutter_beside_large_prefills_says_chunked_prefill_first(write_workload
     linked = f["evidence"][1]
     assert linked["stalled_with_large_prefill"] > linked["smooth_with_large_prefill"] + 0.15
     assert f["fix_first"].startswith("Enable chunked prefill"), f["fix_first"]
-    assert f"≥ {linked['large_prefill_tokens']}-token prefills" in f["fix_first"]
+    assert f"≥ {linked['large_prefill_tokens']}-token prefill steps" in f["fix_first"]
     assert "--enable-chunked-prefill" in f["fix_first"] and "--max-num-batched-tokens" in f["fix_first"]
     # DESIGN.md §5's advice still follows
     assert f["fix_first"].endswith(". Then: reduce decode batching, separate long and short requests.")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import random
+import re
 
 from tokentrace.analyzer.buckets import NS_PER_MS
 from tokentrace.analyzer.diagnosis import bad_in_production, peak_hours
@@ -105,7 +106,8 @@ def test_a_server_overloaded_throughout_leads_with_its_queue(write_workload) -> 
     # it says what it measured: the share in (nearly) every slice, the slice length, no contrast
     assert first["queue_share"] > 0.6 and first["slice_seconds"] == 5
     assert first["queue_dominated_slices"] >= 2 / 3 * first["slices"]
-    assert "5-second slices" in first["text"]
+    # the count and the length apart: "of the window's 49 slices (5 s each", not "49 5-second slices"
+    assert re.search(r"of the window's \d+ slices \(5 s each; median slice \d+ %\)", first["text"]), first["text"]
     assert "accepts more work than it serves" in first["text"]
     assert "busiest 10 %" not in first["text"]
     # Little's law: more waiting than being served; the wait dwarfs the compute it waits for
