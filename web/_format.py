@@ -12,7 +12,15 @@ import jinja2
 from tokentrace._words import noun
 from tokentrace.analyzer.diagnosis import COMPLAINTS, TITLES
 from tokentrace.analyzer.diagnosis._base import MIN_REQUESTS
-from tokentrace.analyzer.render import ITL_APPROXIMATE, LATENCY_TERMS, approximate, coverage_notes
+from tokentrace.analyzer.render import (
+    ITL_APPROXIMATE,
+    KEEP_MORE_OPTIONS,
+    LATENCY_TERMS,
+    NO_EXAMPLES,
+    approximate,
+    coverage_notes,
+    shows_no_examples,
+)
 
 #: The problems the diagnosis checks for, in its order: (complaint id, what it says in words).
 #: The search page's complaint choice and the "no findings" note name them.
@@ -75,4 +83,5 @@ def install(env: jinja2.Environment) -> None:
     env.globals.update(
         qs=qs, checks=CHECKS, min_diagnosis_requests=MIN_REQUESTS, coverage_notes=coverage_notes,
         approximate=approximate, itl_approximate=ITL_APPROXIMATE, latency_terms=LATENCY_TERMS,
+        shows_no_examples=shows_no_examples, no_examples=NO_EXAMPLES.format(**KEEP_MORE_OPTIONS),
     )
