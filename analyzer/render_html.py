@@ -10,6 +10,7 @@ import html
 import math
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import quote
 
 from tokentrace.analyzer.render import (
     EXAMPLES_SHOWN,
@@ -185,9 +186,17 @@ def _legend(lines: list[list[tuple[str, str]]]) -> str:
     )
 
 
-def _examples(finding: dict[str, Any]) -> str:
-    """Gives a finding's example traces, or says it has none kept (and what keeps more)."""
-    examples = ", ".join(f"<code>{_e(t)}</code>" for t in (finding.get("example_traces") or [])[:EXAMPLES_SHOWN])
+def _examples(finding: dict[str, Any], explorer: str | None = None) -> str:
+    """Gives a finding's example traces, or says it has none kept (and what keeps more);
+    with `explorer` (the URL of the server the report came from) each links to its page."""
+    shown = (finding.get("example_traces") or [])[:EXAMPLES_SHOWN]
+    if explorer:
+        base = explorer.rstrip("/")
+        examples = ", ".join(
+            f'<a href="{_e(base)}/trace/{_e(quote(str(t), safe=""))}"><code>{_e(t)}</code></a>' for t in shown
+        )
+    else:
+        examples = ", ".join(f"<code>{_e(t)}</code>" for t in shown)
     if examples:
         return f"<p>Example traces: {examples}</p>"
     if shows_no_examples(finding):
@@ -242,8 +251,9 @@ def _itl_svg(hist: list[dict[str, Any]]) -> str:
     return "".join(parts)
 
 
-def render_html(report: dict[str, Any]) -> str:
-    """Gives the report as one self-contained HTML page with inline SVG charts."""
+def render_html(report: dict[str, Any], explorer: str | None = None) -> str:
+    """Gives the report as one self-contained HTML page with inline SVG charts; with
+    `explorer` (the server's URL, `report --url`) its example traces link to their pages."""
     req = report["requests"]
     rows = []
     for key, label in (("e2e", "end-to-end"), ("ttft", "TTFT"), ("ttft_client", "TTFT (user)"),
@@ -265,7 +275,7 @@ def render_html(report: dict[str, Any]) -> str:
             f'<section class="finding"><h3>{_e(f["title"])} <small>{_e(f["complaint"])} · confidence '
             f"{_e(format_confidence(f['confidence']))}</small></h3><ul>{evidence}</ul>"
             f'<p><b>Fix first:</b> {_e(f["fix_first"])}</p>'
-            + _examples(f)
+            + _examples(f, explorer)
             + "</section>"
         )
     body = [

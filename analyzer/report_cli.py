@@ -170,7 +170,9 @@ def run_report(args: argparse.Namespace, filters: Filters) -> int:
         raise ValueError(f"report format {args.format!r} is not available yet")
     url = getattr(args, "url", None)
     if url:
-        text = renderer(fetch_report(url, filters, getattr(args, "token", None)))
+        report = fetch_report(url, filters, getattr(args, "token", None))
+        # the HTML report links its example traces to the explorer it came from
+        text = render_html(report, explorer=url) if renderer is render_html else renderer(report)
     else:
         conn = open_local(args.db, "report")
         try:
