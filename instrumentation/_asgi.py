@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMappi
 from typing import Any
 
 from tokentrace.instrumentation import semconv
+from tokentrace.instrumentation._config import flush_before_exit
 from tokentrace.instrumentation._errors import HttpStatusError
-from tokentrace.instrumentation._request import RequestTrace, _current, request
+from tokentrace.instrumentation._request import RequestTrace, request
 from tokentrace.instrumentation._safety import log_once
 
 Scope = MutableMapping[str, Any]
@@ -26,11 +27,15 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _GUARD = "_tokentrace_instrumented"
+#: set on an app uninstrumented after it started: its middleware passes requests through
+_PAUSED = "_tokentrace_paused"
 #: Scope key naming the request an outer TokentraceMiddleware opened: a mounted sub-app
 #: instrumented too passes the request through instead of opening a second span for it.
 SCOPE_KEY = "tokentrace.request"
 #: Scope key for the exception an inner (pass-through) middleware saw leave the app.
 ERROR_KEY = "tokentrace.error"
+#: Lifespan scope key: an outer TokentraceMiddleware flushes at shutdown, the inner one not again.
+LIFESPAN_KEY = "tokentrace.lifespan"
 
 
 def request_from_headers(
@@ -68,18 +73,36 @@ def _route_of(scope: Scope, app_root_path: str) -> str | None:
 
 
 class TokentraceMiddleware:
-    """ASGI middleware: one tokentrace request span per HTTP request."""
+    """ASGI middleware: one tokentrace request span per HTTP request.
+
+    `exclude_paths` are the app's paths it does not trace; by default the usual
+    health, readiness and metrics probes (`DEFAULT_EXCLUDED_PATHS`): traced, an
+    orchestrator's probe before the first real request took its cold-start mark,
+    and probes every few seconds hid every idle gap.  A value given replaces the
+    default (`()` traces every route; add to it with
+    `[*TokentraceMiddleware.DEFAULT_EXCLUDED_PATHS, "/status"]`).
+    """
+
+    #: Probe routes not traced unless `exclude_paths` says otherwise (as OpenTelemetry's
+    #: `OTEL_PYTHON_FASTAPI_EXCLUDED_URLS` is commonly set).
+    DEFAULT_EXCLUDED_PATHS: frozenset[str] = frozenset(
+        ("/health", "/healthz", "/readyz", "/livez", "/ping", "/metrics")
+    )
 
     def __init__(
         self,
         app: ASGIApp,
         *,
         model: str | None = None,
-        exclude_paths: Iterable[str] = (),
+        exclude_paths: Iterable[str] | None = None,
     ) -> None:
         self.app = app
         self.model = model
-        self.exclude_paths = frozenset(exclude_paths)
+        if isinstance(exclude_paths, str):
+            exclude_paths = (exclude_paths,)  # one path, not its characters
+        self.exclude_paths = (
+            self.DEFAULT_EXCLUDED_PATHS if exclude_paths is None else frozenset(exclude_paths)
+        )
 
     def _excluded(self, scope: Scope) -> bool:
         if not self.exclude_paths:
@@ -98,8 +121,12 @@ class TokentraceMiddleware:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http" or self._excluded(scope):
-            await self.app(scope, receive, send)  # websockets and lifespan pass untouched
+        kind = scope.get("type")
+        if kind == "lifespan":
+            await self._lifespan(scope, receive, send)
+            return
+        if kind != "http" or self._excluded(scope) or getattr(scope.get("app"), _PAUSED, False):
+            await self.app(scope, receive, send)  # websockets pass untouched
             return
         if SCOPE_KEY in scope:
             # a request an outer middleware traces already: `instrument_fastapi`'s own,
@@ -151,11 +178,12 @@ class TokentraceMiddleware:
                     # the client left: no server error (the exception still goes on)
                     req.set_attribute(semconv.REQUEST_DISCONNECTED, True)
                     error = None
-                elif not status and isinstance(error, Exception):
-                    # the exception left before any answer: the server (uvicorn, or
-                    # Starlette's ServerErrorMiddleware where ours was added inside it
-                    # with `add_middleware`) answers 500.  A cancellation
-                    # (BaseException) is no answer at all.
+                elif not status:
+                    # nothing answered: the server (uvicorn, or Starlette's
+                    # ServerErrorMiddleware where ours was added inside it with
+                    # `add_middleware`) answers 500, whatever left the app: an
+                    # exception, a cancellation (uvicorn catches BaseException), or
+                    # none (an app that returned without answering)
                     status.append(500)
                 if status:
                     req.set_attribute(semconv.HTTP_STATUS, status[0])
@@ -192,7 +220,9 @@ class TokentraceMiddleware:
                 # what the app still runs (Starlette's background tasks)
                 end(None)
 
-        token = _current.set(req)
+        # current_request(), and OpenTelemetry's current span: a call the handler makes
+        # (an instrumented httpx client, the host's own spans) is the request's child
+        activation = req._activate()
         error: BaseException | None = None
         try:
             await self.app(scope, receive_wrapper, send_wrapper)
@@ -200,8 +230,34 @@ class TokentraceMiddleware:
             error = exc
             raise  # unchanged
         finally:
-            _current.reset(token)
+            req._deactivate(activation)
             end(error)
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Passes the app's lifespan through; flushes the SDK as its shutdown completes.
+
+        uvicorn stopped by SIGTERM (a rollout, `docker stop`) drains the requests,
+        runs the lifespan shutdown, then raises the signal again: the process dies
+        by it and no atexit handler runs, so the last requests' spans would never
+        leave.  They are built and sent here, before the server hears that the
+        shutdown completed (bounded: `SHUTDOWN_TIMEOUT_S`).  The SDK stays
+        configured: an app's lifespan may end while the process goes on
+        (Starlette's `TestClient`, a program that serves again).
+        """
+        if LIFESPAN_KEY in scope:  # an outer TokentraceMiddleware flushes (instrument_fastapi)
+            await self.app(scope, receive, send)
+            return
+        scope[LIFESPAN_KEY] = True
+
+        async def send_wrapper(message: Message) -> None:
+            if message.get("type") in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+                try:
+                    flush_before_exit()
+                except Exception as exc:  # the SDK's own failure must never reach the host
+                    log_once("flush at the app's lifespan shutdown", exc)
+            await send(message)
+
+        await self.app(scope, receive, send_wrapper)
 
 
 def _is_disconnect(error: BaseException) -> bool:
@@ -221,6 +277,19 @@ def instrument_fastapi(app: Any, **middleware_kwargs: Any) -> Any:
     """
     if getattr(app, _GUARD, False):
         return app
+    if getattr(app, _PAUSED, False):
+        # uninstrumented while it ran: its middleware is still in the stack, paused
+        setattr(app, _PAUSED, False)
+        setattr(app, _GUARD, True)
+        return app
+    if getattr(app, "middleware_stack", None) is not None:
+        # Starlette refuses middleware once the app has served (its stack is built): left
+        # as it is rather than raising into the host
+        log_once(
+            "instrument_fastapi on an app that has started",
+            detail=": the app is left untraced; call instrument_fastapi(app) before it serves",
+        )
+        return app
     app.add_middleware(TokentraceMiddleware, **middleware_kwargs)
     build = getattr(app, "build_middleware_stack", None)
     if callable(build):
@@ -238,8 +307,17 @@ def instrument_fastapi(app: Any, **middleware_kwargs: Any) -> Any:
 
 
 def uninstrument_fastapi(app: Any) -> Any:
-    """Removes the middleware added by `instrument_fastapi`; gives the app."""
+    """Removes the middleware added by `instrument_fastapi`; gives the app.
+
+    On an app that has started, its middleware stack stays as built (rebuilding
+    it would make every middleware of the host anew) and tokentrace's layers
+    pass requests through until `instrument_fastapi(app)` resumes them.
+    """
     if not getattr(app, _GUARD, False):
+        return app
+    if getattr(app, "middleware_stack", None) is not None:
+        setattr(app, _PAUSED, True)
+        setattr(app, _GUARD, False)
         return app
     if hasattr(vars(app).get("build_middleware_stack"), "_tokentrace_wraps"):
         del app.build_middleware_stack

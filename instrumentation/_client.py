@@ -73,11 +73,22 @@ class ClientRequest:
         return carrier
 
     def set_tokens(self, prompt: int | None = None, output: int | None = None) -> None:
-        if self._span.is_recording():
-            if prompt is not None:
-                self._span.set_attribute(semconv.PROMPT_TOKENS, int(prompt))
-            if output is not None:
-                self._span.set_attribute(semconv.OUTPUT_TOKENS, int(output))
+        """Records token counts; a value that is no number is logged once, not recorded."""
+        if not self._span.is_recording():
+            return
+        for key, value in ((semconv.PROMPT_TOKENS, prompt), (semconv.OUTPUT_TOKENS, output)):
+            if value is None:
+                continue
+            try:
+                count = int(value)
+            except (TypeError, ValueError, OverflowError):
+                # only its type: the value may be the prompt itself (`prompt=text`, a slip)
+                log_once(
+                    f"client set_tokens: {key} is not a number",
+                    detail=f" (a {type(value).__name__}; not recorded)",
+                )
+                continue
+            self._span.set_attribute(key, count)
 
     def set_attribute(self, key: str, value: Any) -> None:
         if self._span.is_recording():
@@ -112,6 +123,18 @@ class ClientRequest:
             log_once("client span finish", exc)
         finally:
             span.end(end_time=self._start_wall_ns + (end_mono - self._start_mono_ns))
+
+    def abandon(self) -> None:
+        """Ends the span of a call its caller dropped before its end (a streamed response
+        garbage-collected unread), marked `tokentrace.request.disconnected`; once finished,
+        nothing.  No error: the caller chose to stop."""
+        if self._finished:
+            return
+        try:
+            self.set_attribute(semconv.REQUEST_DISCONNECTED, True)
+        except Exception as exc:  # the SDK's own failure must never reach the host
+            log_once("client span abandon", exc)
+        self.finish()
 
     # ---- context managers (sync and async) ---------------------------------
     def __enter__(self) -> ClientRequest:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -72,12 +74,24 @@ class Settings:
         cold_start_idle_s: float | None = None,
     ) -> Settings:
         env = os.environ
-        cold_n = (
-            DEFAULT_COLD_START_REQUESTS if cold_start_requests is None else int(cold_start_requests)
-        )
-        cold_idle = (
-            DEFAULT_COLD_START_IDLE_S if cold_start_idle_s is None else float(cold_start_idle_s)
-        )
+        try:
+            cold_n = (
+                DEFAULT_COLD_START_REQUESTS
+                if cold_start_requests is None
+                else int(cold_start_requests)
+            )
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(
+                f"cold_start_requests must be a whole number, not {cold_start_requests!r}"
+            ) from None
+        try:
+            cold_idle = (
+                DEFAULT_COLD_START_IDLE_S if cold_start_idle_s is None else float(cold_start_idle_s)
+            )
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"cold_start_idle_s must be a number of seconds, not {cold_start_idle_s!r}"
+            ) from None
         if cold_n < 0:
             raise ValueError(f"cold_start_requests must be >= 0, not {cold_n}")
         if cold_idle <= 0:
@@ -95,8 +109,7 @@ class Settings:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, not {proto!r}")
         default_endpoint = DEFAULT_GRPC_ENDPOINT if proto == "grpc" else DEFAULT_HTTP_ENDPOINT
         ep = endpoint or env.get(ENV_ENDPOINT) or env.get(ENV_OTEL_ENDPOINT) or default_endpoint
-        if not ep.startswith(("http://", "https://")):
-            raise ValueError(f"endpoint must be an http:// or https:// URL, not {ep!r}")
+        ep = _checked_endpoint(ep)
         return cls(
             endpoint=_base_endpoint(ep, proto),
             service_name=service_name
@@ -111,6 +124,28 @@ class Settings:
             cold_start_requests=cold_n,
             cold_start_idle_s=cold_idle,
         )
+
+
+def _checked_endpoint(endpoint: object) -> str:
+    """Gives `endpoint` without surrounding blanks (an environment value's newline);
+    raises a clear `ValueError` unless it is an http(s) URL naming a host."""
+    if not isinstance(endpoint, str):
+        raise ValueError(
+            f"endpoint must be a URL such as {DEFAULT_HTTP_ENDPOINT!r}, "
+            f"not the {type(endpoint).__name__} {endpoint!r}"
+        )
+    endpoint = endpoint.strip()
+    try:
+        parts = urlsplit(endpoint)
+        parts.port  # noqa: B018 - raises ValueError for a port that is no number or out of range
+    except ValueError as exc:
+        raise ValueError(f"endpoint {endpoint!r} is not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"endpoint must be an http:// or https:// URL with a host "
+            f"(such as {DEFAULT_HTTP_ENDPOINT!r}), not {endpoint!r}"
+        )
+    return endpoint
 
 
 #: OTLP/HTTP's signal paths, which tokentrace adds to the endpoint itself
@@ -320,6 +355,7 @@ def configure(
     # last batch: atexit runs last-registered first, so move ours after it.
     atexit.unregister(_at_exit)
     atexit.register(_at_exit)
+    _flush_at_multiprocessing_exit()  # where atexit does not run: a multiprocessing child
     if _tracing is not None:
         _run_flush_hooks()  # pending data belongs to the old configuration
     with _lock:
@@ -435,6 +471,15 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()  # another thread may have held it at the fork
     _lazy_lock = threading.RLock()
     _export.after_fork_in_child()
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:
+        # a multiprocessing child clears its finalizers before its target runs, then
+        # calls the after-fork callbacks: the exit flush is registered there (a host
+        # provider's child, configured from the parent, never calls configure())
+        try:
+            util.register_after_fork(_flush_at_multiprocessing_exit, _flush_at_multiprocessing_exit)
+        except Exception as exc:  # the SDK's own failure must never reach the host
+            log_once("exit flush in a multiprocessing child", exc)
     tracing = _tracing
     if tracing is None or tracing.configured_with is None:
         return
@@ -482,3 +527,51 @@ def _at_exit() -> None:
         shutdown()
     except Exception as exc:  # the SDK's own failure must never reach the host
         log_once("shutdown at exit", exc)
+
+
+def flush_before_exit(timeout_s: float = SHUTDOWN_TIMEOUT_S) -> bool:
+    """Gives whether everything the SDK holds left the process: what waits is built
+    into spans and exported, as at exit, but the SDK stays configured.
+
+    For a server's own shutdown (the ASGI middleware calls it when the app's
+    lifespan shutdown completes): uvicorn then raises the SIGTERM it caught
+    again and the process dies by it, so no atexit handler runs.  Not
+    `shutdown()`: a host may go on using the SDK after an app's lifespan ends
+    (Starlette's `TestClient` runs one per `with`, a program may serve again).
+    Waits on the collector `timeout_s` at most; building the waiting spans runs
+    on the caller's thread.  Nothing is configured here (a process that never
+    used the SDK has nothing to send).
+    """
+    deadline = time.monotonic() + timeout_s
+    ok = True
+    tracing = _tracing
+    if tracing is not None:
+        ok = tracing.force_flush(int(timeout_s * 1000))
+    # configurations replaced by configure() still end in the background
+    return _export.wait_for_background(deadline) and ok
+
+
+#: the pid whose multiprocessing exit runs `_at_exit` (registered once per process)
+_exit_finalizer_pid: int | None = None
+
+
+def _flush_at_multiprocessing_exit(_: object = None) -> None:
+    """Has a multiprocessing child run the exit flush: it ends with `os._exit` after
+    its target returns, so atexit never runs there (a fork child's spans, up to a
+    second of them, were lost).  multiprocessing runs its own `util.Finalize`
+    callbacks first (`util._exit_function`); registered once per process, and
+    only where the host imported multiprocessing itself."""
+    global _exit_finalizer_pid
+    util = sys.modules.get("multiprocessing.util")
+    process = sys.modules.get("multiprocessing.process")
+    if util is None or process is None or _exit_finalizer_pid == os.getpid():
+        return
+    try:
+        if process.parent_process() is None:
+            return  # not a multiprocessing child: atexit runs
+        # exit priority 0: after the host's own finalizers of higher priority, before
+        # multiprocessing joins this process's children and its queues' feeder threads
+        util.Finalize(None, _at_exit, exitpriority=0)
+        _exit_finalizer_pid = os.getpid()
+    except Exception as exc:  # the SDK's own failure must never reach the host
+        log_once("exit flush in a multiprocessing child", exc)

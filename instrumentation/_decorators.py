@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar, cast
 
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._request import RequestTrace, _current, request
-from tokentrace.instrumentation._safety import log_once
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -89,31 +87,6 @@ def traced_request(name: str = semconv.SPAN_REQUEST, **request_kwargs: Any) -> C
     return decorate
 
 
-def consumer_left(exc: BaseException) -> bool:
-    """Whether `exc` ending a stream is its consumer going away, not a failure: the
-    generator closed (`GeneratorExit`: `aclose()`, a `break`, garbage collection) or
-    the task reading it cancelled (a client disconnect under Starlette / uvicorn)."""
-    if isinstance(exc, GeneratorExit):
-        return True
-    # no import here: a cancellation can only come from an event loop already imported
-    asyncio = sys.modules.get("asyncio")
-    if asyncio is not None and isinstance(exc, asyncio.CancelledError):
-        return True
-    trio = sys.modules.get("trio")
-    return trio is not None and isinstance(exc, getattr(trio, "Cancelled", ()))
-
-
-def _end(req: RequestTrace, error: BaseException | None) -> None:
-    """Finishes a streamed request: its consumer leaving is no error, but is marked."""
-    if error is not None and consumer_left(error):
-        try:
-            req.set_attribute(semconv.REQUEST_DISCONNECTED, True)
-        except Exception as exc:  # the SDK's own failure must never reach the host
-            log_once("stream disconnect attribute", exc)
-        error = None
-    req.finish(error)
-
-
 def _around_generator(func: _F, around: Callable[[], AbstractContextManager[Any]]) -> _F:
     """Gives `func`, a generator or async generator function, run inside `around()`.
 
@@ -174,13 +147,13 @@ def _traced_generator(func: _F, make_request: Callable[[], RequestTrace]) -> _F:
             try:
                 advance, arg = agen.asend, None
                 while True:
-                    token = _current.set(req)
+                    token = req._activate()
                     try:
                         item = await advance(arg)
                     except StopAsyncIteration:
                         return
                     finally:
-                        _current.reset(token)
+                        req._deactivate(token)
                     try:
                         arg = yield item
                         advance = agen.asend
@@ -192,12 +165,12 @@ def _traced_generator(func: _F, make_request: Callable[[], RequestTrace]) -> _F:
                 error = exc
                 raise
             finally:
-                token = _current.set(req)
+                token = req._activate()
                 try:
                     await agen.aclose()
                 finally:
-                    _current.reset(token)
-                    _end(req, error)
+                    req._deactivate(token)
+                    req._end(error)
 
         return cast(_F, async_gen_wrapper)
 
@@ -209,13 +182,13 @@ def _traced_generator(func: _F, make_request: Callable[[], RequestTrace]) -> _F:
         try:
             advance, arg = gen.send, None
             while True:
-                token = _current.set(req)
+                token = req._activate()
                 try:
                     item = advance(arg)
                 except StopIteration as stop:
                     return stop.value
                 finally:
-                    _current.reset(token)
+                    req._deactivate(token)
                 try:
                     arg = yield item
                     advance = gen.send
@@ -227,11 +200,11 @@ def _traced_generator(func: _F, make_request: Callable[[], RequestTrace]) -> _F:
             error = exc
             raise
         finally:
-            token = _current.set(req)
+            token = req._activate()
             try:
                 gen.close()
             finally:
-                _current.reset(token)
-                _end(req, error)
+                req._deactivate(token)
+                req._end(error)
 
     return cast(_F, gen_wrapper)

@@ -17,7 +17,9 @@ from opentelemetry.trace import Status, StatusCode
 #: OpenTelemetry's exception event and attribute names (semantic conventions)
 EXCEPTION_EVENT = "exception"
 EXCEPTION_TYPE = "exception.type"
+EXCEPTION_MESSAGE = "exception.message"
 EXCEPTION_STACKTRACE = "exception.stacktrace"
+EXCEPTION_ESCAPED = "exception.escaped"
 
 
 class HttpStatusError(RuntimeError):
@@ -37,12 +39,38 @@ def _frames_only(exc: BaseException) -> str:
     return f"Traceback (most recent call last):\n{frames}{_type_name(exc)}\n"
 
 
+def message_of(exc: BaseException) -> str | None:
+    """Gives `str(exc)`, or None when the exception's own `__str__` fails."""
+    try:
+        return str(exc)
+    except Exception:  # the host's exception class, not the SDK: its span must still be recorded
+        return None
+
+
 def record_error(span: trace.Span, exc: BaseException, record_content: bool) -> None:
     """Marks `span` as failed by `exc`: the whole exception with `record_content`,
     else its type and frames only (status description: the type's name)."""
     if record_content or type(exc) is HttpStatusError:
-        span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        message = message_of(exc)
+        if message is None:
+            # OpenTelemetry's record_exception would call str() again and raise:
+            # its event, written here with a placeholder for the message
+            message = f"<unprintable {type(exc).__name__} object>"
+            cls = type(exc)
+            span.add_event(
+                EXCEPTION_EVENT,
+                {
+                    EXCEPTION_TYPE: cls.__qualname__
+                    if cls.__module__ in ("builtins", None)
+                    else f"{cls.__module__}.{cls.__qualname__}",
+                    EXCEPTION_MESSAGE: message,
+                    EXCEPTION_STACKTRACE: "".join(traceback.format_exception(exc)),
+                    EXCEPTION_ESCAPED: "False",
+                },
+            )
+        else:
+            span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {message}"))
         return
     span.add_event(
         EXCEPTION_EVENT,

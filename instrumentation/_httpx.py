@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -45,6 +46,7 @@ def _streams(package: str) -> tuple[type, type]:
             def __init__(self, inner: Any, client: ClientRequest) -> None:
                 self._inner = inner
                 self._client = client
+                _end_when_dropped(self, client)
 
             def __iter__(self) -> Iterator[bytes]:
                 try:
@@ -66,6 +68,7 @@ def _streams(package: str) -> tuple[type, type]:
             def __init__(self, inner: Any, client: ClientRequest) -> None:
                 self._inner = inner
                 self._client = client
+                _end_when_dropped(self, client)
 
             async def __aiter__(self) -> AsyncIterator[bytes]:
                 try:
@@ -86,6 +89,16 @@ def _streams(package: str) -> tuple[type, type]:
         _stream_types[package, "sync"] = SyncChunkStream
         _stream_types[package, "async"] = AsyncChunkStream
     return _stream_types[package, "sync"], _stream_types[package, "async"]
+
+
+def _end_when_dropped(stream: object, client: ClientRequest) -> None:
+    """Ends `client`'s span when `stream` is garbage-collected unfinished: a streamed
+    response dropped without being read to its end or closed (`send(stream=True)`,
+    an openai stream never iterated) would otherwise leave it open for good."""
+    try:
+        weakref.finalize(stream, client.abandon).atexit = False
+    except Exception as exc:  # the SDK's own failure must never reach the host
+        log_once("httpx stream finalizer", exc)
 
 
 def _start_span(request: Any) -> ClientRequest | None:

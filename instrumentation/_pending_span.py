@@ -6,14 +6,17 @@ serving loop's thread, right after a forward pass has streamed the model's
 weights through the caches, it was measured at ~90 µs, a request start
 costing more than ten decode steps' worth of SDK work.  So a request span is
 *pending* on the host's thread: its trace and span ids are drawn at once (for
-`traceparent`, `attach()` and child spans), what is done to it is recorded,
-and the daemon finisher thread builds the real span with those same ids —
+`traceparent`, for OpenTelemetry's current span inside the request, for child
+spans), what is done to it is recorded, and the daemon finisher thread builds
+the real span with those same ids —
 through `PresetIdGenerator`, the id generator of the provider tokentrace
 configures — and replays what was recorded.
 
 Only where the outcome is certain: with a provider tokentrace made itself
 and OpenTelemetry's default sampler (parent-based, always on).  With the
 host's own provider or another sampler, spans start at once as before.
+Unlike OpenTelemetry's parent-based sampling, a caller's trace that is not
+sampled does not make the request unrecorded (`follows_unsampled_callers`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
 from opentelemetry.util import types
+
+from tokentrace.instrumentation._safety import log_once
 
 _getrandbits = random.getrandbits
 #: what a span drawn here carries: sampled, and (W3C level 2) a random trace id
@@ -48,6 +53,22 @@ def _new_lock_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):  # POSIX
     os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
+#: OpenTelemetry's sampler variable: a host that names one (`parentbased_always_on`
+#: included) has its callers' sampling decisions followed, as OpenTelemetry does
+ENV_OTEL_SAMPLER = "OTEL_TRACES_SAMPLER"
+
+
+def follows_unsampled_callers() -> bool:
+    """Whether a request whose caller sampled its trace out records nothing.
+
+    Not by default: tokentrace's own provider records every request, so that its
+    numbers reach the collector.  With a sampler the host chose (`OTEL_TRACES_SAMPLER`,
+    or its own `tracer_provider=`, whose spans start at once, by its sampler) the
+    caller's decision is followed.  Read when a caller's trace is unsampled only.
+    """
+    return bool(os.environ.get(ENV_OTEL_SAMPLER, "").strip())
 
 
 def _nothing() -> None:
@@ -128,12 +149,31 @@ class PendingSpan(trace.Span):
         self._flags = _SAMPLED_RANDOM
         if parent is not None:
             sc = trace.get_current_span(parent).get_span_context()
-            if sc.is_valid:  # a continued trace: its id, its sampling decision, its state
+            if sc.is_valid:  # a continued trace: its id, its state, and (see below) sampled
                 self._trace_id = sc.trace_id
                 self._trace_state = sc.trace_state
                 flags = TraceFlags.RANDOM_TRACE_ID if sc.trace_flags.random_trace_id else 0
                 if sc.trace_flags.sampled:
                     flags |= TraceFlags.SAMPLED
+                elif not follows_unsampled_callers():
+                    # A caller that sampled its trace out (a gateway's head sampling)
+                    # still gets this request recorded: the collector summarizes
+                    # every request and samples the spans itself (DESIGN.md §4,
+                    # "sample the spans, never the numbers").  The trace id and
+                    # parent stay, so a trace the caller does keep is still whole.
+                    flags |= TraceFlags.SAMPLED
+                    self._parent = trace.set_span_in_context(
+                        trace.NonRecordingSpan(
+                            SpanContext(
+                                sc.trace_id,
+                                sc.span_id,
+                                is_remote=sc.is_remote,
+                                trace_flags=TraceFlags(sc.trace_flags | TraceFlags.SAMPLED),
+                                trace_state=sc.trace_state,
+                            )
+                        ),
+                        parent,
+                    )
                 self._flags = TraceFlags(flags)
             else:
                 self._parent = None
@@ -165,7 +205,14 @@ class PendingSpan(trace.Span):
                     tracer, self._trace_id, self._span_id, self._name, **kwargs
                 )
             for op in self._ops or ():
-                op(real)
+                try:
+                    op(real)
+                except Exception as exc:  # one bad call (an exception whose str() raises)
+                    # must not lose the span; the type only: its message may quote content
+                    log_once(
+                        "a call on a request span failed when the span was built",
+                        detail=f" ({type(exc).__name__}; that call is left out, the span kept)",
+                    )
             self._ops = None
             self._real = real
         return real

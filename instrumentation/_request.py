@@ -7,6 +7,8 @@ request finishes, with their recorded start and end times, by a daemon thread
 a span, and as much again to encode it) and the host's serving loop should not
 pay it.  The token times go as one packed string (`semconv.PACKED_LISTS`).  A
 scheduler thread can mark phases of a request it does not hold the context of.
+Inside `with tt.request()` the request's span is OpenTelemetry's current span,
+so what other code traces there joins the request's trace.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import contextvars
 import itertools
 import os
 import random
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -34,13 +37,16 @@ from tokentrace.instrumentation._errors import record_error
 from tokentrace.instrumentation._forward import poll_device_timings
 from tokentrace.instrumentation._gpu import gpu_summary
 from tokentrace.instrumentation._pending_span import PendingSpan
-from tokentrace.instrumentation._safety import count_or_zero, log_once
+from tokentrace.instrumentation._safety import count_or_zero, describe, log_once
 from tokentrace.instrumentation._tally import DeviceTally
 
 _propagator = TraceContextTextMapPropagator()
 _current: contextvars.ContextVar[RequestTrace | None] = contextvars.ContextVar(
     "tokentrace_request", default=None
 )
+#: what `RequestTrace._activate` gives: the `current_request()` token, and
+#: OpenTelemetry's context token (None where its span was not made current)
+_Activation = tuple["contextvars.Token[RequestTrace | None]", object]
 _ids = itertools.count(1)
 _monotonic_ns = time.monotonic_ns  # bound once: token() is the hottest call in the SDK
 #: guards making a request's attribute dict and span on first use (host or finisher)
@@ -78,6 +84,18 @@ if hasattr(os, "register_at_fork"):  # POSIX
 def _new_request_id() -> str:
     # a prefix drawn once per process and a counter: no formatting on the hot path
     return _prefix + str(next(_ids))
+
+
+def _id_text(request_id: object) -> str:
+    """Gives a request id the host handed over as another type (an int, a UUID) as text."""
+    try:
+        return str(request_id)
+    except Exception:  # its own __str__ failed: the request still gets an id
+        log_once(
+            "request(request_id=...): the id has no text",
+            detail=f" ({type(request_id).__name__}; a generated id is used)",
+        )
+        return _new_request_id()
 
 
 def _text_carrier(headers: Mapping[Any, Any]) -> dict[str, str]:
@@ -122,6 +140,20 @@ def _parent_from_headers(headers: Any) -> otel_context.Context | None:
         return otel_context.Context()  # as headers without a traceparent: a new trace
 
 
+def consumer_left(exc: BaseException) -> bool:
+    """Whether `exc` ending a request is its consumer going away, not a failure: a
+    generator closed (`GeneratorExit`: `aclose()`, a `break`, garbage collection) or
+    the task running it cancelled (a client disconnect under Starlette / uvicorn)."""
+    if isinstance(exc, GeneratorExit):
+        return True
+    # no import here: a cancellation can only come from an event loop already imported
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is not None and isinstance(exc, asyncio.CancelledError):
+        return True
+    trio = sys.modules.get("trio")
+    return trio is not None and isinstance(exc, getattr(trio, "Cancelled", ()))
+
+
 def add_identity(
     attrs: dict[str, Any],
     model: str | None,
@@ -161,6 +193,7 @@ class RequestTrace(DeviceTally):
         "_open",
         "_finished",
         "_ctx_token",
+        "_otel_ctx",
         "_attrs",
         "_raw",
         "_parent",
@@ -178,10 +211,15 @@ class RequestTrace(DeviceTally):
         headers: Mapping[Any, Any] | Iterable[tuple[Any, Any]] | None = None,
         attributes: Mapping[str, Any] | None = None,
     ) -> None:
-        if not request_id:
+        # None (or "") is no id; any other value is one, 0 included (a scheduler's
+        # first int id: its engine steps name it "0")
+        if request_id.__class__ is str:
+            if not request_id:
+                request_id = _new_request_id()
+        elif request_id is None:
             request_id = _new_request_id()
-        elif request_id.__class__ is not str:  # an int or UUID from the host: its text
-            request_id = str(request_id)
+        else:  # an int or UUID from the host: its text
+            request_id = _id_text(request_id)
         self.request_id = request_id
         self._start_mono_ns = time.monotonic_ns()
         self._start_wall_ns = time.time_ns()
@@ -191,7 +229,9 @@ class RequestTrace(DeviceTally):
         self._phases: list[tuple[str, int, int]] = []
         self._open: dict[str, int] = {}
         self._finished = False
-        self._ctx_token: contextvars.Token[RequestTrace | None] | None = None
+        self._ctx_token: _Activation | None = None
+        #: (the OpenTelemetry context it was entered from, that context with its span current)
+        self._otel_ctx: tuple[otel_context.Context, otel_context.Context] | None = None
         # forward passes run for this request (`instrument_model` adds to them);
         # zeroed here (DeviceTally has no __init__): no extra call on the hot path
         self.fwd_count = self.fwd_launched = self.fwd_host_ns = 0
@@ -277,7 +317,8 @@ class RequestTrace(DeviceTally):
                     count = int(value)
                 except (TypeError, ValueError, OverflowError):
                     log_once(
-                        f"set_tokens: {key} is not a number", detail=f" ({value!r}; not recorded)"
+                        f"set_tokens: {key} is not a number",
+                        detail=f" ({describe(value)}; not recorded)",  # a prompt's text, maybe
                     )
                     continue
                 self.set_attribute(key, count)
@@ -344,17 +385,22 @@ class RequestTrace(DeviceTally):
             return
         self._finished = True
         end_mono = time.monotonic_ns()
-        phases = self._phases
+        phases, opened = self._phases, self._open
+        # phases marked from now on are not this request's any more
+        self._phases = []
+        self._open = {}
         try:
             if error is not None:
                 self.record_error(error)
-            for phase, start in self._open.items():  # phases never ended close now
+            # Phases never ended close now.  A scheduler thread may still be marking
+            # phases on this request (it read `_open` before the swap above): the
+            # dict's copy is one C call, which no other thread interleaves with (the
+            # GIL; a free-threaded build locks the dict), where iterating it would
+            # fail with "dictionary changed size" and lose the phases after.
+            for phase, start in opened.copy().items():
                 phases.append((phase, start, end_mono))
         except Exception as exc:  # the SDK's own failure must never reach the host
             log_once("request finish", exc)
-        # phases marked after finish are not this request's any more
-        self._phases = []
-        self._open = {}
         # tokens recorded after the finish are not this request's either: the
         # lengths now are where its own list and its batches' lists end for it
         n_tokens = len(self._tokens)
@@ -388,7 +434,9 @@ class RequestTrace(DeviceTally):
             pending = self.span
             if isinstance(pending, PendingSpan):
                 if not pending.sampled:
-                    pending.release()  # an unsampled caller's trace: OpenTelemetry records nothing
+                    # an unsampled caller's trace, and a sampler the host named that follows it
+                    # (`follows_unsampled_callers`): nothing is recorded
+                    pending.release()
                     return
                 try:
                     span = self._span = pending.build(tracing.tracer, tracing.pending_ids)
@@ -443,24 +491,73 @@ class RequestTrace(DeviceTally):
 
     # ---- context manager ---------------------------------------------------
     def __enter__(self) -> RequestTrace:
-        self._ctx_token = _current.set(self)
+        self._ctx_token = self._activate()
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        token = self._ctx_token
-        if token is not None:
+        tokens = self._ctx_token
+        if tokens is not None:
             self._ctx_token = None
-            try:
-                _current.reset(token)
-            except ValueError:  # left in another context (see _leave_other_context)
-                self._leave_other_context(token)
-        self.finish(exc)
+            self._deactivate(tokens)
+        self._end(exc)
 
     async def __aenter__(self) -> RequestTrace:
         return self.__enter__()
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         self.__exit__(exc_type, exc, tb)
+
+    def _activate(self) -> _Activation:
+        """Makes this request current in this context (`current_request()`) and its span
+        OpenTelemetry's current span; gives what `_deactivate` undoes.
+
+        Spans started inside the request by other code (an instrumented httpx
+        call, the host's own OpenTelemetry spans) are then its children, in its
+        trace: a gateway's call to its backend continues the user's trace.  A
+        pending span is current as itself (its ids exist from the start).
+        """
+        token = _current.set(self)
+        if self._tracing.settings.disabled:
+            return token, None  # nothing is exported: the host's own spans stay as they were
+        try:
+            # made once per context it enters from: a streamed body enters anew for
+            # each item it yields (the context's copy is a dict copy, ~0.4 µs)
+            base = otel_context.get_current()
+            made = self._otel_ctx
+            if made is None or made[0] is not base:
+                made = self._otel_ctx = (base, trace.set_span_in_context(self.span, base))
+            otel_token = otel_context.attach(made[1])
+        except Exception as exc:  # the SDK's own failure must never reach the host
+            log_once("request context attach", exc)
+            otel_token = None
+        return token, otel_token
+
+    def _deactivate(self, tokens: _Activation) -> None:
+        """Undoes `_activate`, also when left in another context (see `_leave_other_context`)."""
+        token, otel_token = tokens
+        try:
+            _current.reset(token)
+        except ValueError:  # left in another context (see _leave_other_context)
+            self._leave_other_context(token)
+        if otel_token is not None:
+            _detach_otel(otel_token, self._span)
+
+    def _end(self, error: BaseException | None) -> None:
+        """Finishes the request as its block or streamed body ends with `error` (None: fine).
+
+        Its consumer going away (`consumer_left`: a stream closed, the task
+        reading it cancelled by a client disconnect) is no server error: the
+        request is marked `semconv.REQUEST_DISCONNECTED`, its status left
+        unset, as the ASGI middleware marks a client gone.  `with tt.request()`
+        and the decorators both end their requests here, so that they agree.
+        """
+        if error is not None and consumer_left(error):
+            try:
+                self.set_attribute(semconv.REQUEST_DISCONNECTED, True)
+            except Exception as exc:  # the SDK's own failure must never reach the host
+                log_once("request disconnect attribute", exc)
+            error = None
+        self.finish(error)
 
     def _leave_other_context(self, token: contextvars.Token[RequestTrace | None]) -> None:
         # An async generator holding `with tt.request()` that the consumer
@@ -470,6 +567,32 @@ class RequestTrace(DeviceTally):
         if _current.get() is self:
             old = token.old_value
             _current.set(None if old is contextvars.Token.MISSING else old)
+
+
+def _detach_otel(token: object, span: trace.Span | None) -> None:
+    """Makes OpenTelemetry's current context again what it was before `attach` gave `token`."""
+    if isinstance(token, contextvars.Token):  # OpenTelemetry's default runtime context
+        try:
+            token.var.reset(token)
+        except ValueError:
+            # Left in another context (an abandoned async stream closed by asyncio's
+            # finalizer): OpenTelemetry's `detach` would log it at ERROR with a
+            # traceback.  There, the request's span stops being current.
+            try:
+                if trace.get_current_span() is span:
+                    old = token.old_value
+                    token.var.set(
+                        otel_context.Context() if old is contextvars.Token.MISSING else old
+                    )
+            except Exception as exc:  # the SDK's own failure must never reach the host
+                log_once("request context detach", exc)
+        except RuntimeError:  # used already
+            pass
+        return
+    try:
+        otel_context.detach(token)  # type: ignore[arg-type]  # another runtime context: its rules
+    except Exception as exc:  # the SDK's own failure must never reach the host
+        log_once("request context detach", exc)
 
 
 _Finishing = tuple[
@@ -560,7 +683,7 @@ class TokenBatch:
             except AttributeError:
                 log_once(
                     "TokenBatch takes requests (tt.request())",
-                    detail=f", not {type(req).__name__} ({req!r}: left out of the batch)",
+                    detail=f", not {describe(req)} (left out of the batch)",
                 )
                 continue
             ids.append(rid)
@@ -574,8 +697,3 @@ class TokenBatch:
 def current_request() -> RequestTrace | None:
     """Gives the request being handled in this context, if any."""
     return _current.get()
-
-
-def attach(req: RequestTrace) -> object:
-    """Makes `req` the current OTel span (for child spans by other libraries)."""
-    return otel_context.attach(trace.set_span_in_context(req.span))

@@ -40,11 +40,23 @@ def log_once(site: str, exc: BaseException | None = None, detail: str = "") -> N
         )
 
 
+def describe(value: Any) -> str:
+    """Gives what a log line may say of a value the host handed over: a number as itself,
+    anything else by its type (and length): text may be a prompt (`set_tokens(prompt=text)`),
+    and the SDK records no content unless configured to."""
+    if value is None or value.__class__ in (bool, int, float):
+        return repr(value)
+    name = type(value).__name__
+    if isinstance(value, (str, bytes, bytearray, list, tuple, dict)):
+        return f"{name} of length {len(value)}"
+    return name
+
+
 def count_or_zero(value: Any, what: str) -> int:
     """Gives a count the host handed over as text or a float (`token("3")`) as an int;
     0 (nothing recorded, logged once) when it is not a number.  Off the usual path."""
     try:
         return int(value)
     except (TypeError, ValueError, OverflowError):
-        log_once(f"{what} is not a number", detail=f" ({value!r}; not recorded)")
+        log_once(f"{what} is not a number", detail=f" ({describe(value)}; not recorded)")
         return 0

@@ -406,6 +406,21 @@ def test_openai_client_closed_by_the_user(memory_sdk, openai_instrumented, opena
     assert not span.status.is_ok and sc.HTTP_STATUS not in span.attributes
 
 
+def test_openai_stream_dropped_unread_ends_its_span(
+    memory_sdk, openai_instrumented, openai_url
+) -> None:  # type: ignore[no-untyped-def]
+    import gc
+
+    client = openai.OpenAI(base_url=openai_url, api_key="none", max_retries=0)
+    stream = client.chat.completions.create(model="unread", messages=MESSAGES, stream=True)
+    del stream  # never iterated, never closed
+    gc.collect()
+    (span,) = memory_sdk.wait_for(sc.SPAN_CLIENT)
+    assert span.attributes[sc.REQUEST_MODEL] == "unread"
+    assert span.attributes[sc.REQUEST_DISCONNECTED] is True and span.status.is_ok
+    client.close()
+
+
 # ---------------------------------------------------------------- FastAPI / Starlette
 
 

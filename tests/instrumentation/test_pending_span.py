@@ -51,7 +51,27 @@ def test_a_continued_trace_keeps_its_id_state_and_parent(memory_sdk) -> None:  #
     assert downstream["tracestate"] == "vendor=abc"
 
 
-def test_an_unsampled_caller_gets_no_span_and_passes_the_decision_on(memory_sdk) -> None:  # type: ignore[no-untyped-def]
+def test_an_unsampled_caller_still_gets_its_request_recorded(memory_sdk, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """DESIGN §4: the collector summarizes every request; a gateway's head sampling
+    must not take the request's numbers away.  The trace stays the caller's."""
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    with tt.request(headers={"traceparent": f"00-{PARENT_TRACE}-{PARENT_SPAN}-00"}) as req:
+        assert req.span.is_recording()
+        downstream = req.traceparent()["traceparent"]
+        with req.phase("prefill"):
+            req.token()
+    (span,) = memory_sdk.spans(sc.SPAN_REQUEST)
+    (prefill,) = memory_sdk.spans(sc.PHASES["prefill"])
+    assert f"{span.context.trace_id:032x}" == PARENT_TRACE
+    assert f"{span.parent.span_id:016x}" == PARENT_SPAN and span.parent.is_remote
+    assert span.context.trace_flags.sampled
+    assert downstream == f"00-{PARENT_TRACE}-{span.context.span_id:016x}-01"  # recorded: sampled
+    assert prefill.parent.span_id == span.context.span_id
+    assert len(sc.unpack_list(span.attributes[sc.TOKEN_OFFSETS_US])) == 1
+
+
+def test_a_sampler_the_host_names_follows_the_callers_decision(memory_sdk, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
     with tt.request(headers={"traceparent": f"00-{PARENT_TRACE}-{PARENT_SPAN}-00"}) as req:
         assert not req.span.is_recording()
         assert req.traceparent()["traceparent"].endswith("-00")
