@@ -386,7 +386,8 @@ class CollectorServer:
                 if not exc.name or exc.name.partition(".")[0] == "tokentrace":
                     raise
                 logger.warning(
-                    "tokentrace: no web UI (%s is not installed: pip install 'tokentrace[server]')",
+                    "tokentrace: no web UI (%s is not installed: pip install 'tokentrace[server]',"
+                    " in a clone pip install '.[server]')",
                     exc.name,
                 )
                 create_web_app = None  # type: ignore[assignment]

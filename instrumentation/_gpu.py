@@ -352,8 +352,8 @@ def start_gpu_sampler(
         except ImportError as exc:
             # asked for GPU sampling, but the package is missing: worth a warning
             logger.warning(
-                'tokentrace: GPU sampler off: %s (pip install "tokentrace[gpu]" installs'
-                " nvidia-ml-py)",
+                'tokentrace: GPU sampler off: %s (pip install "tokentrace[gpu]", in a clone'
+                " pip install '.[gpu]', installs nvidia-ml-py)",
                 exc,
             )
             backend = None
