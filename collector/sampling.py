@@ -246,6 +246,8 @@ class P99Tracker:
         self._clock = clock
         self._windows: dict[P99Key, _Windows] = {}
         self._overflow: _Windows | None = None  # the keys beyond `max_keys`
+        #: requests judged on the shared p99 of the keys beyond `max_keys` (`/metrics`)
+        self.shared_requests = 0
         self._swept_ns = clock()
 
     def p99(self, service: str, model: str, route: str, measure: str) -> float | None:
@@ -270,6 +272,8 @@ class P99Tracker:
         w = self._windows.get(key)
         if w is None:
             w = self._open(key, now)
+            if w is self._overflow:
+                self.shared_requests += 1
         elif now - w.last_ns >= window_ns:
             w.reset(now)  # a whole window of silence
         elif w.count >= self.min_samples and now - w.start_ns >= window_ns:

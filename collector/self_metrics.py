@@ -247,6 +247,12 @@ class CollectorMetrics:
             "seconds since the writer last committed a transaction (grows while idle too)",
             registry=r,
         )
+        self.p99_shared_requests = RunningTotal(
+            "tokentrace_p99_shared_requests",
+            "requests judged on the one running p99 that the (service, model, route) keys beyond"
+            " the first 256 share (a sender making up names, or more deployments than that)",
+            registry=r,
+        )
         self.model_label_overflow = Counter(
             "tokentrace_model_label_overflow",
             f"request summaries counted under model=\"{OTHER_LABEL}\" because "

@@ -101,6 +101,8 @@ class Collector:
         m.spans_written.set(self.writer.spans_written)
         m.rows_lost.set(self.pipeline.stats.rows_lost)
         m.engine_steps_dropped.set(steps_dropped_total())
+        if self.sampler.p99 is not None:
+            m.p99_shared_requests.set(self.sampler.p99.shared_requests)
 
     def start(self) -> None:
         self.pipeline.start()

@@ -108,6 +108,7 @@ def test_p99_keys_are_capped_against_senders_that_make_up_service_names(  # type
             tracker.observe(_summary(f"made-up-{i}", 50.0))
     assert len(tracker._windows) == 4  # the first 4; the rest share the overflow's windows
     assert tracker._overflow is not None and tracker._overflow.count == 996
+    assert tracker.shared_requests == 996  # what /metrics says: tokentrace_p99_shared_requests
     # the 996 warmed up once, together: a made-up name costs no more kept traces
     assert tracker.observe(_summary("made-up-1000", 50.0)) is None
     logged = [r.getMessage() for r in caplog.records if "keys within" in r.getMessage()]
@@ -130,3 +131,16 @@ def test_a_huge_name_is_not_held_whole_by_the_tracker(clock, part: str) -> None:
     names[part] = huge + "y"
     tracker.observe(_summary(names["service"], 50.0, model=names["model"], route=names["route"]))
     assert len(tracker._windows) == 1
+
+
+def test_serve_exports_how_many_requests_shared_the_p99(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tokentrace.collector.service import Collector
+    from tokentrace.collector.settings import CollectorSettings
+
+    collector = Collector(CollectorSettings(db=tmp_path / "m.duckdb", decode_processes=0))
+    try:
+        collector.sampler.p99.shared_requests = 7
+        text = collector.metrics.render()[0].decode()
+        assert "tokentrace_p99_shared_requests_total 7.0" in text
+    finally:
+        collector.close()
