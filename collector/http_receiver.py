@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
@@ -114,6 +114,14 @@ def _error(status: int, message: str, content_type: str) -> Response:
     )
 
 
+def _unreadable(exc: BodyError | OtlpDecodeError, reply_type: str, refused: Any) -> Response:
+    """Answers an export whose body could not be read (`BodyError`: its status) or
+    decoded (400), counted in `refused` (`tokentrace_exports_refused_total`)."""
+    status, message = (exc.status, exc.message) if isinstance(exc, BodyError) else (400, str(exc))
+    refused.labels("http", str(status)).inc()
+    return _error(status, message, reply_type)
+
+
 def _content_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
@@ -183,12 +191,8 @@ def make_traces_endpoint(
         try:
             spans, rejected = await decode(request, ctype)
             n_spans = span_count(spans)
-        except BodyError as exc:
-            refused.labels("http", str(exc.status)).inc()
-            return _error(exc.status, exc.message, reply_type)
-        except OtlpDecodeError as exc:
-            refused.labels("http", "400").inc()
-            return _error(400, str(exc), reply_type)
+        except (BodyError, OtlpDecodeError) as exc:
+            return _unreadable(exc, reply_type, refused)
         received.inc(n_spans + rejected.count)
         if rejected:
             m.spans_rejected.labels("http", "invalid").inc(rejected.count)
@@ -219,12 +223,8 @@ def make_metrics_endpoint(
             result = await _decode(
                 request, max_body_bytes, ctype, decode_metrics_protobuf, decode_metrics_json_body
             )
-        except BodyError as exc:
-            m.exports_refused.labels("http", str(exc.status)).inc()
-            return _error(exc.status, exc.message, reply_type)
-        except OtlpDecodeError as exc:
-            m.exports_refused.labels("http", "400").inc()
-            return _error(400, str(exc), reply_type)
+        except (BodyError, OtlpDecodeError) as exc:
+            return _unreadable(exc, reply_type, m.exports_refused)
         if result.rows and not pipeline.add_engine_data(WriteBatch(gpu_samples=result.rows)):
             m.exports_refused.labels("http", "503").inc()
             return _error(503, pipeline.refusal_message(REFUSED_WRITER_BEHIND), reply_type)
@@ -247,12 +247,8 @@ def make_logs_endpoint(
             export: LogsExport = await _decode(
                 request, max_body_bytes, ctype, decode_logs_protobuf, decode_logs_json_body
             )
-        except BodyError as exc:
-            metrics.exports_refused.labels("http", str(exc.status)).inc()
-            return _error(exc.status, exc.message, reply_type)
-        except OtlpDecodeError as exc:
-            metrics.exports_refused.labels("http", "400").inc()
-            return _error(400, str(exc), reply_type)
+        except (BodyError, OtlpDecodeError) as exc:
+            return _unreadable(exc, reply_type, metrics.exports_refused)
         metrics.note_log_records("http", export.records, export.service)
         if reply_type == JSON:
             return JSONResponse(logs_reply_json(export.records))

@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from tokentrace.analyzer.attribution import TraceResult, summarize_trace
@@ -264,6 +264,33 @@ def _held_ids(p: _Pending) -> set[str]:
     return {s.span_id for s in p.all_spans()}
 
 
+class _Waiting:
+    """Traces held past their grace for the other side of the request: (receive time
+    of the root, trace id) in receive order, so the due ones are at the front, and
+    the ids of those not decided yet (`Pipeline._take` removes them)."""
+
+    __slots__ = ("ids", "queue", "wait_ns")
+
+    def __init__(self, wait_s: float) -> None:
+        self.wait_ns = int(wait_s * 1e9)
+        self.queue: deque[tuple[int, str]] = deque()
+        self.ids: set[str] = set()
+
+    def add(self, received: int, trace_id: str) -> None:
+        """Holds the trace from `received` on (a trace already held keeps its first time)."""
+        if trace_id not in self.ids:
+            self.queue.append((received, trace_id))
+            self.ids.add(trace_id)
+
+    def due(self, now: int) -> Iterator[str]:
+        """Gives the held traces whose wait is over (each leaves the queue)."""
+        queue, ids = self.queue, self.ids
+        while queue and now - queue[0][0] >= self.wait_ns:
+            trace_id = queue.popleft()[1]
+            if trace_id in ids:  # (else decided already)
+                yield trace_id
+
+
 class Pipeline:
     """The tail-sampling pipeline; one per collector process."""
 
@@ -292,8 +319,6 @@ class Pipeline:
         self._max_spans = max_buffered_spans
         self._max_bytes = max_buffered_bytes
         self._grace_ns = int(grace_s * 1e9)
-        self._server_wait_ns = int(server_wait_s * 1e9)
-        self._client_wait_ns = int(client_wait_s * 1e9)
         self._wait_ns = int(decision_wait_s * 1e9)
         self._cache_size = decision_cache_size
         self._tick_s = tick_s
@@ -309,14 +334,10 @@ class Pipeline:
         # (receive time, trace id, parent span id or "" for a parentless root),
         # in receive order, so the ready ones are always at the front
         self._roots: deque[tuple[int, str, str]] = deque()
-        # (receive time of the root, trace id) of the traces waiting for their server
-        # side (`_awaits_server`), in receive order; and their ids
-        self._awaiting: deque[tuple[int, str]] = deque()
-        self._awaiting_ids: set[str] = set()
-        # the same for the traces rooted in a SERVER span waiting for its parent (the
-        # client's span), and their ids
-        self._awaiting_client: deque[tuple[int, str]] = deque()
-        self._awaiting_client_ids: set[str] = set()
+        #: traces rooted in an LLM client span waiting for their server side (`_awaits_server`)
+        self._for_server = _Waiting(server_wait_s)
+        #: traces rooted in a SERVER span waiting for its parent, the client's span
+        self._for_client = _Waiting(client_wait_s)
         self._late: list[Span] = []
         self._buffered = 0
         #: what the buffered traces are reckoned to weigh (`_Pending.nbytes`)
@@ -607,8 +628,8 @@ class Pipeline:
     # ---- decision side --------------------------------------------------------
     def _take(self, trace_id: str, out: list[tuple[str, _Pending]]) -> None:
         p = self._pending.pop(trace_id)
-        self._awaiting_ids.discard(trace_id)
-        self._awaiting_client_ids.discard(trace_id)
+        self._for_server.ids.discard(trace_id)
+        self._for_client.ids.discard(trace_id)
         self._buffered -= p.size()
         self._bytes -= p.nbytes
         out.append((trace_id, p))
@@ -622,15 +643,12 @@ class Pipeline:
                 for trace_id in list(pending):
                     self._take(trace_id, ready)
                 self._roots.clear()
-                self._awaiting.clear()
-                self._awaiting_client.clear()
+                self._for_server.queue.clear()
+                self._for_client.queue.clear()
                 return ready, 0
             roots = self._roots
             grace = self._grace_ns
-            awaiting, awaiting_ids = self._awaiting, self._awaiting_ids
-            server_wait = self._server_wait_ns
-            client_wait = self._client_wait_ns
-            for_client, for_client_ids = self._awaiting_client, self._awaiting_client_ids
+            for_server, for_client = self._for_server, self._for_client
             # the span ids of each trace looked into, once a round: a trace of n SERVER
             # spans has n root candidates, and each scanning its spans is n^2 under the lock
             held: dict[str, set[str]] = {}
@@ -643,27 +661,19 @@ class Pipeline:
                     ids = held.get(trace_id)
                     if ids is None:
                         ids = held[trace_id] = _held_ids(p)
-                    if parent in ids and trace_id not in awaiting_ids:
+                    if parent in ids and trace_id not in for_server.ids:
                         continue  # a SERVER span under a span we have: not the root
                     # (under the client span that waited for it: the server side came)
-                    if parent not in ids and client_wait > grace:
-                        if trace_id not in for_client_ids:
-                            for_client.append((received, trace_id))
-                            for_client_ids.add(trace_id)
+                    if parent not in ids and for_client.wait_ns > grace:
+                        for_client.add(received, trace_id)
                         continue  # its parent may come: decided at client_wait, or
                         # at grace after the parent (a root of its own) comes
-                elif server_wait > grace and _awaits_server(p):
-                    awaiting.append((received, trace_id))
-                    awaiting_ids.add(trace_id)
+                elif for_server.wait_ns > grace and _awaits_server(p):
+                    for_server.add(received, trace_id)
                     continue
                 self._take(trace_id, ready)
-            while awaiting and now - awaiting[0][0] >= server_wait:
-                trace_id = awaiting.popleft()[1]
-                if trace_id in awaiting_ids:  # (else decided already)
-                    self._take(trace_id, ready)
-            while for_client and now - for_client[0][0] >= client_wait:
-                trace_id = for_client.popleft()[1]
-                if trace_id in for_client_ids:  # (else decided already)
+            for waiting in (for_server, for_client):
+                for trace_id in waiting.due(now):
                     self._take(trace_id, ready)
             wait = self._wait_ns
             while pending:
