@@ -43,7 +43,7 @@ from tokentrace.analyzer.summary import FLAG_SERVER_UNSEEN
 from tokentrace.collector.decode_pool import limit_export_steps, note_dropped_steps
 from tokentrace.collector.packed import PackedTrace
 from tokentrace.collector.refusals import RefusalEpisodes
-from tokentrace.collector.sampling import Decision, Sampler
+from tokentrace.collector.sampling import REASON_UNSUMMARIZED, Decision, Sampler
 from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.settings import DEFAULT_MAX_BUFFERED_BYTES
 from tokentrace.collector.writer import KeptTrace, WriteBatch, Writer
@@ -79,7 +79,7 @@ _WIDE_CHECK_CHARS = 4096
 
 
 #: The reason a trace is kept whose summary or decision failed (see `Pipeline._unsummarized`).
-UNSUMMARIZED = "unsummarized"
+UNSUMMARIZED = REASON_UNSUMMARIZED
 UNSUMMARIZED_DECISION = Decision(True, UNSUMMARIZED, 1.0)
 
 

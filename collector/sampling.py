@@ -41,6 +41,8 @@ REASON_P99_ITL = "p99_itl"
 #: Kept because its service/model/route was warming up: one of its first requests (since
 #: start, or since a whole window without one), before it has a p99.
 REASON_P99_WARMUP = "p99_warmup"
+#: Kept whole because the analyzer or the sampler failed on it (`Pipeline._unsummarized`).
+REASON_UNSUMMARIZED = "unsummarized"
 
 #: The request-summary field watched by each p99 reason.
 P99_MEASURES: tuple[tuple[str, str], ...] = (

@@ -39,9 +39,8 @@ _MEASURE_WORDS = {
     "ttft_ms": "TTFT (server)", "e2e_ms": "E2E", "queue_ms": "queue time", "prefill_ms": "prefill time",
     "decode_ms": "decode time", "network_ms": "network time", "itl_max_ms": "largest inter-token gap",
 }  # fmt: skip
-#: The reason of a trace kept whole because the analyzer failed on it (collector/pipeline.py
-#: `UNSUMMARIZED`, not imported: the pipeline module is heavy and the web needs one name).
-UNSUMMARIZED = "unsummarized"
+#: The reason of a trace kept whole because the analyzer failed on it.
+UNSUMMARIZED = sampling.REASON_UNSUMMARIZED
 #: Why the collector kept a trace's spans, in words, by its sampling reason (docs/collector.md).
 KEPT_REASONS: dict[str, str] = {
     sampling.REASON_ERROR: "a span had status ERROR, or the request was an error",
