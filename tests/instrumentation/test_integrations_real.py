@@ -343,17 +343,19 @@ def _client_spans(memory_sdk) -> list[Any]:  # type: ignore[no-untyped-def]
 def test_openai_raw_derived_and_responses_calls_are_traced(
     memory_sdk, openai_instrumented, openai_url
 ) -> None:  # type: ignore[no-untyped-def]
-    client = openai.OpenAI(base_url=openai_url, api_key="none", max_retries=0)
-    raw = client.chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES)
-    assert raw.parse().choices[0].message.content == "hi"
-    with client.chat.completions.with_streaming_response.create(
-        model="tiny", messages=MESSAGES, stream=True
-    ) as resp:
-        assert [line for line in resp.iter_lines() if line][-1] == "data: [DONE]"
-    # derived clients share the instrumented httpx2 client, or are built (and traced) anew
-    client.with_options(timeout=5).chat.completions.create(model="tiny", messages=MESSAGES)
-    client.copy(max_retries=2).chat.completions.create(model="tiny", messages=MESSAGES)
-    events = [e.type for e in client.responses.create(model="tiny", input="hi", stream=True)]
+    # every client here is closed: one left to the garbage collector warns of its
+    # unclosed socket in whichever test happens to collect it
+    with openai.OpenAI(base_url=openai_url, api_key="none", max_retries=0) as client:
+        raw = client.chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES)
+        assert raw.parse().choices[0].message.content == "hi"
+        with client.chat.completions.with_streaming_response.create(
+            model="tiny", messages=MESSAGES, stream=True
+        ) as resp:
+            assert [line for line in resp.iter_lines() if line][-1] == "data: [DONE]"
+        # derived clients share the instrumented httpx2 client (closed with `client`)
+        client.with_options(timeout=5).chat.completions.create(model="tiny", messages=MESSAGES)
+        client.copy(max_retries=2).chat.completions.create(model="tiny", messages=MESSAGES)
+        events = [e.type for e in client.responses.create(model="tiny", input="hi", stream=True)]
     assert events[0] == "response.created" and events[-1] == "response.completed"
     spans = _client_spans(memory_sdk)
     assert len(spans) == 5
@@ -385,9 +387,9 @@ def test_openai_raw_derived_and_responses_calls_are_traced(
 def test_openai_error_status_one_error_span_per_attempt(
     memory_sdk, openai_instrumented, openai_url, status: int, error: str
 ) -> None:  # type: ignore[no-untyped-def]
-    client = openai.OpenAI(base_url=openai_url, api_key="none", max_retries=1)
-    with pytest.raises(openai.APIStatusError) as caught:
-        client.chat.completions.create(model=f"fail{status}", messages=MESSAGES)
+    with openai.OpenAI(base_url=openai_url, api_key="none", max_retries=1) as client:
+        with pytest.raises(openai.APIStatusError) as caught:
+            client.chat.completions.create(model=f"fail{status}", messages=MESSAGES)
     assert type(caught.value).__name__ == error  # the SDK's own exception, unchanged
     spans = _client_spans(memory_sdk)
     assert len(spans) == 2  # the attempt and its retry, each its own CLIENT span
@@ -411,14 +413,15 @@ def test_openai_stream_dropped_unread_ends_its_span(
 ) -> None:  # type: ignore[no-untyped-def]
     import gc
 
-    client = openai.OpenAI(base_url=openai_url, api_key="none", max_retries=0)
-    stream = client.chat.completions.create(model="unread", messages=MESSAGES, stream=True)
-    del stream  # never iterated, never closed
-    gc.collect()
-    (span,) = memory_sdk.wait_for(sc.SPAN_CLIENT)
+    # the client's pool still holds the dropped stream's connection: closing the
+    # client closes its socket (else the collector of some later test warns of it)
+    with openai.OpenAI(base_url=openai_url, api_key="none", max_retries=0) as client:
+        stream = client.chat.completions.create(model="unread", messages=MESSAGES, stream=True)
+        del stream  # never iterated, never closed
+        gc.collect()
+        (span,) = memory_sdk.wait_for(sc.SPAN_CLIENT)
     assert span.attributes[sc.REQUEST_MODEL] == "unread"
     assert span.attributes[sc.REQUEST_DISCONNECTED] is True and span.status.is_ok
-    client.close()
 
 
 # ---------------------------------------------------------------- FastAPI / Starlette

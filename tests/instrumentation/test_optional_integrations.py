@@ -35,8 +35,8 @@ def test_openai_client_calls_get_client_spans(memory_sdk) -> None:  # type: igno
     tt.instrument_openai()
     try:
         with run_app(tt.instrument_fastapi(app), free_port()) as url:
-            client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-            client.completions.create(model="tiny", prompt="hi")
+            with openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0) as client:
+                client.completions.create(model="tiny", prompt="hi")
     finally:
         tt.uninstrument_openai()
     client_span = memory_sdk.spans(sc.SPAN_CLIENT)[0]
@@ -98,11 +98,15 @@ def test_openai_streamed_chat_gets_chunk_times(memory_sdk) -> None:  # type: ign
             for http_client in (None, httpx.Client()):  # its own httpx client, or the user's
                 memory_sdk.exporter.clear()
                 kwargs = {} if http_client is None else {"http_client": http_client}
-                client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, **kwargs)
-                stream = client.chat.completions.create(
-                    model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
-                )
-                text = "".join(c.choices[0].delta.content or "" for c in stream)
+                # closed (with the user's httpx client): a pool left to the garbage
+                # collector warns of its socket in whichever test collects it
+                with openai.OpenAI(
+                    base_url=f"{url}/v1", api_key="none", max_retries=0, **kwargs
+                ) as client:
+                    stream = client.chat.completions.create(
+                        model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
+                    )
+                    text = "".join(c.choices[0].delta.content or "" for c in stream)
                 assert text == "t0t1t2t3t4"
                 _assert_streamed_call(memory_sdk)
     finally:
