@@ -357,6 +357,11 @@ class RequestTrace(DeviceTally):
         return span
 
     @property
+    def finished(self) -> bool:
+        """Whether `finish()` ran (the request has ended)."""
+        return self._finished
+
+    @property
     def token_count(self) -> int:
         n = len(self._tokens)
         for times in self._batches or ():

@@ -7,6 +7,11 @@ batch at once; unlike a streamer it works for any batch size).  The time up to
 the first call is the prefill; the rest is decode.  `transformers` is imported
 only by `instrument_transformers_generate()`.
 
+`generate` in a thread of its own (`TextIteratorStreamer`'s usual
+`Thread(target=model.generate, kwargs={..., "streamer": streamer})`) has no
+current request there: the request current where the streamer was made (the
+handler's) is remembered on the streamer, and that `generate` records into it.
+
 Assisted generation (`assistant_model=`, `prompt_lookup_num_tokens=`, ...) is
 different: transformers calls the logits processors once per *candidate*
 token, accepted or not, and hands them to the assistant's own `generate` too,
@@ -18,6 +23,7 @@ and records them (they come out together).
 from __future__ import annotations
 
 import contextvars
+import weakref
 from typing import Any
 
 import wrapt
@@ -26,6 +32,9 @@ from tokentrace.instrumentation._request import RequestTrace, current_request, r
 from tokentrace.instrumentation._safety import log_once
 
 _instrumented = False
+#: the request current where each streamer was made (HF's `TextStreamer` and its
+#: subclasses): a `generate` in a bare thread records into it
+_streamer_requests: weakref.WeakKeyDictionary[Any, RequestTrace] = weakref.WeakKeyDictionary()
 #: Position of `logits_processor` in `GenerationMixin.generate(inputs, generation_config, logits_processor, ...)`.
 _LOGITS_PROCESSOR_POS = 2
 #: Set while an instrumented `generate` runs: a `generate` inside it (an assistant
@@ -126,7 +135,7 @@ def _generate(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     try:
         from transformers import LogitsProcessorList, StoppingCriteriaList
 
-        req = current_request()
+        req = current_request() or _streamer_request(kwargs.get("streamer"))
         if req is None:
             config = getattr(instance, "config", None)
             own = req = request(model=getattr(config, "name_or_path", None) or None)
@@ -162,14 +171,38 @@ def _generate(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
             own.finish(error)
 
 
+def _streamer_made(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    result = wrapped(*args, **kwargs)
+    try:
+        req = current_request()
+        if req is not None:
+            _streamer_requests[instance] = req
+    except Exception as exc:  # the SDK's own failure must never reach the host
+        log_once("transformers streamer", exc)
+    return result
+
+
+def _streamer_request(streamer: Any) -> RequestTrace | None:
+    """The request current where `streamer` was made, while it is still open."""
+    if streamer is None:
+        return None
+    try:
+        req = _streamer_requests.get(streamer)
+    except TypeError:  # an unhashable streamer of the user's
+        return None
+    return req if req is not None and not req.finished else None
+
+
 def instrument_transformers_generate() -> None:
     """Records token times of every `generate` call (raises ImportError without transformers)."""
     global _instrumented
+    from transformers.generation.streamers import TextStreamer
     from transformers.generation.utils import GenerationMixin
 
     if _instrumented:
         return
     wrapt.wrap_function_wrapper(GenerationMixin, "generate", _generate)
+    wrapt.wrap_function_wrapper(TextStreamer, "__init__", _streamer_made)
     _instrumented = True
 
 
@@ -178,9 +211,11 @@ def uninstrument_transformers_generate() -> None:
     global _instrumented
     if not _instrumented:
         return
+    from transformers.generation.streamers import TextStreamer
     from transformers.generation.utils import GenerationMixin
 
     from tokentrace.instrumentation._httpx import remove_wrapper
 
     remove_wrapper(GenerationMixin, "generate", _generate)  # ours only, not a layer above it
+    remove_wrapper(TextStreamer, "__init__", _streamer_made)
     _instrumented = False

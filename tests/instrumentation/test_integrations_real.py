@@ -203,7 +203,7 @@ def test_generate_with_streamers(memory_sdk, generate_instrumented, hf_tokenizer
     assert req.token_count == 4 and capsys.readouterr().out.strip()
 
     # TextIteratorStreamer: generate runs in a thread, started with this context so
-    # that the thread's generate lands in this request (a bare Thread has no request)
+    # that the thread's generate lands in this request (a bare Thread: the next test)
     with tt.request() as req:
         streamer = transformers.TextIteratorStreamer(tok, skip_prompt=True)
         kwargs = {
@@ -220,6 +220,55 @@ def test_generate_with_streamers(memory_sdk, generate_instrumented, hf_tokenizer
         thread.join()
     assert text.strip() and req.token_count == 4
     assert len(memory_sdk.spans(sc.SPAN_REQUEST)) == 2
+
+
+@pytest.mark.parametrize("streamer_type", ["TextIteratorStreamer", "AsyncTextIteratorStreamer"])
+def test_generate_in_a_bare_thread_records_into_the_streamers_request(
+    memory_sdk, generate_instrumented, hf_tokenizer, streamer_type: str
+) -> None:  # type: ignore[no-untyped-def]
+    """HF's usual streaming: `Thread(target=model.generate, kwargs={..., "streamer": s})`
+    (or `run_in_executor`, which copies no context either): that thread has no current
+    request, so the request current where the streamer was made is the one it serves."""
+    model = _gpt2()
+    ids = hf_tokenizer("w1 w2 w3", return_tensors="pt")["input_ids"]
+    kwargs: dict[str, Any] = {"inputs": ids, "max_new_tokens": 4, "min_new_tokens": 4,
+                              "do_sample": False}  # fmt: skip
+
+    if streamer_type == "TextIteratorStreamer":
+        with tt.request(request_id="served") as req:
+            streamer = transformers.TextIteratorStreamer(hf_tokenizer, skip_prompt=True)
+            thread = threading.Thread(
+                target=model.generate, kwargs={**kwargs, "streamer": streamer}
+            )
+            thread.start()
+            text = "".join(streamer)
+            thread.join()
+    else:
+
+        async def serve() -> tuple[Any, str]:
+            async with tt.request(request_id="served") as req:
+                streamer = transformers.AsyncTextIteratorStreamer(hf_tokenizer, skip_prompt=True)
+                loop = asyncio.get_running_loop()
+                done = loop.run_in_executor(
+                    None, lambda: model.generate(**kwargs, streamer=streamer)
+                )
+                text = "".join([t async for t in streamer])
+                await done
+            return req, text
+
+        req, text = asyncio.run(serve())
+    assert text.strip() and req.token_count == 4
+    (span,) = memory_sdk.spans(sc.SPAN_REQUEST)  # the handler's: generate made none of its own
+    assert span.attributes[sc.OUTPUT_TOKENS] == 4
+    assert _phase_names(memory_sdk) == [sc.SPAN_DECODE, sc.SPAN_PREFILL]
+
+    # a streamer whose request has ended serves nobody's: generate makes its own
+    memory_sdk.exporter.clear()
+    with tt.request(request_id="gone"):
+        stale = transformers.TextStreamer(hf_tokenizer)
+    model.generate(**kwargs, streamer=stale)
+    spans = memory_sdk.spans(sc.SPAN_REQUEST)
+    assert len(spans) == 2 and spans[-1].attributes[sc.OUTPUT_TOKENS] == 4
 
 
 # ---------------------------------------------------------------- wrap_tokenizer
