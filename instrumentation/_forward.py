@@ -166,6 +166,29 @@ def _first_parameter(model: Any) -> Any:
         return None
 
 
+def _compiling_check() -> Callable[[], bool] | None:
+    """`torch.compiler.is_compiling` where torch is loaded (None elsewhere: a plain
+    callable of a host without torch).
+
+    A timed forward that `torch.compile` traces (the model instrumented, then
+    compiled) must be the bare forward: dynamo cannot trace the timing (context
+    variables, clocks, CUDA events), and failing there breaks `fullgraph=True` and
+    makes the default mode run the whole model uncompiled.  Inside a compiled graph
+    a forward is therefore not timed; `instrument_model(torch.compile(model))` times
+    each compiled call (docs/sdk.md)."""
+    torch = sys.modules.get("torch")
+    compiler = getattr(torch, "compiler", None)
+    return getattr(compiler, "is_compiling", None)
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a CUDA graph: recording a timing
+    event there is an error, and a captured forward runs later, in `replay()`."""
+    import torch
+
+    return bool(torch.cuda.is_current_stream_capturing())
+
+
 def _make_timed(
     fn: Callable[..., Any],
     on_cuda: Callable[[], bool],
@@ -180,11 +203,14 @@ def _make_timed(
         _bind_owner_getters()
     # the contextvars' own `get`s, in the closure: one C call each on the hot path
     get_step, get_request = _owner_getters
+    compiling = _compiling_check()
 
     if module_ref is None:
 
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if compiling is not None and compiling():
+                return fn(*args, **kwargs)  # traced by torch.compile: see _compiling_check
             try:
                 # the engine step, else the request, running in this context owns the
                 # time and is its tally (inline: every Python call costs ~1 µs right
@@ -198,7 +224,10 @@ def _make_timed(
                         checks_left = DEVICE_CHECK_EVERY
                     checks_left -= 1
                     if cuda:
-                        pair = timer.acquire()
+                        if _capturing():
+                            tally = None  # a CUDA graph's capture: nothing runs yet
+                        else:
+                            pair = timer.acquire()
                 if pair is not None:
                     import torch
 
@@ -236,6 +265,8 @@ def _make_timed(
         module = ref()
         if module is None:
             _module_gone(fn)
+        if compiling is not None and compiling():
+            return fn(module, *args, **kwargs)  # traced by torch.compile: see _compiling_check
         try:
             tally: DeviceTally | None = get_step() or get_request()
             pair = None
@@ -246,7 +277,10 @@ def _make_timed(
                     checks_left = DEVICE_CHECK_EVERY
                 checks_left -= 1
                 if cuda:
-                    pair = timer.acquire()
+                    if _capturing():
+                        tally = None  # a CUDA graph's capture: nothing runs yet
+                    else:
+                        pair = timer.acquire()
             if pair is not None:
                 import torch
 
