@@ -38,7 +38,9 @@ DEVICE_CHECK_EVERY = 256
 _ATTR_STATE = "_tokentrace_forward"
 #: What `instrument_model` puts in a module's `__dict__`: left out of its pickled
 #: or copied state (`_getstate`), taken out again by `uninstrument_model`.
-_SDK_KEYS = frozenset(("forward", "__getstate__", "__deepcopy__", _ATTR_STATE))
+_SDK_KEYS = frozenset(
+    ("forward", "__getstate__", "__deepcopy__", "_replicate_for_data_parallel", _ATTR_STATE)
+)
 
 
 class DeviceTimer:
@@ -389,6 +391,23 @@ def _deepcopy(ref: weakref.ReferenceType[Any], memo: dict[int, Any]) -> Any:
     return dup
 
 
+def _replicate(ref: weakref.ReferenceType[Any]) -> Any:
+    """An instrumented module's `_replicate_for_data_parallel` (`nn.DataParallel`'s
+    per-device replicas): torch's copies the module's `__dict__`, so a replica's
+    `forward` would be the original's timed one and run the original's weights on the
+    replica's device; instead the replica is instrumented on its own."""
+    module: Any = ref()  # alive: it is the module being replicated
+    replica = type(module)._replicate_for_data_parallel(module)
+    timing = replica.__dict__.get(_ATTR_STATE)
+    if isinstance(timing, _ModuleTiming):
+        _strip(replica.__dict__, timing)  # dict operations: the replica is plain now
+        try:
+            _instrument_module(replica, timing.name)
+        except Exception as exc:  # the SDK's own failure: the replica runs untimed
+            log_once("instrumenting a DataParallel replica", exc)
+    return replica
+
+
 def _strip(d: dict[str, Any], timing: _ModuleTiming) -> None:
     """Takes `instrument_model`'s entries out of a module's `__dict__`."""
     for key in _SDK_KEYS:
@@ -429,6 +448,7 @@ def _instrument_module(module: Any, name: str) -> Any:
     d["forward"] = timed
     d["__getstate__"] = functools.partial(_getstate, ref)
     d["__deepcopy__"] = functools.partial(_deepcopy, ref)
+    d["_replicate_for_data_parallel"] = functools.partial(_replicate, ref)
     return module
 
 

@@ -96,3 +96,39 @@ def test_cuda_graph_capture_of_an_instrumented_model(memory_sdk) -> None:  # typ
     torch.testing.assert_close(static_out, model(torch.ones(2, 8, device="cuda")))
     (span,) = memory_sdk.spans(sc.SPAN_REQUEST)
     assert sc.FORWARD_COUNT not in span.attributes  # the capture ran nothing
+
+
+def test_data_parallel_replica_runs_its_own_weights_timed(memory_sdk) -> None:  # type: ignore[no-untyped-def]
+    """`nn.DataParallel` makes per-device replicas with `_replicate_for_data_parallel`,
+    which copies the module's `__dict__`: the replica's forward was the original's timed
+    one, running the original's weights (on the wrong device, with GPUs)."""
+    model = tt.instrument_model(_model())
+    replica = model._replicate_for_data_parallel()
+    # what `torch.nn.parallel.replicate` does next: the replicas get their own parameters
+    # (zeros here: other weights than the original's)
+    for name, child in model._modules.items():
+        child_replica = child._replicate_for_data_parallel()
+        for key, param in child._parameters.items():
+            child_replica._parameters[key] = torch.zeros_like(param)
+        replica._modules[name] = child_replica
+    x = torch.randn(2, 8)
+    with tt.request():
+        out = replica(x)
+    torch.testing.assert_close(out, torch.zeros(2, 4))  # the replica's weights ran
+    (span,) = memory_sdk.spans(sc.SPAN_REQUEST)
+    assert span.attributes[sc.FORWARD_COUNT] == 1  # and the replica is timed
+    assert tt.uninstrument_model(replica) is replica
+    assert "forward" not in vars(replica) and "forward" in vars(model)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_data_parallel_over_two_gpus(memory_sdk) -> None:  # type: ignore[no-untyped-def]
+    model = tt.instrument_model(_model().cuda())
+    x = torch.randn(8, 8, device="cuda")
+    expected = model(x)
+    with tt.request():
+        out = torch.nn.DataParallel(model)(x)
+    torch.testing.assert_close(out, expected)
+    (span,) = memory_sdk.spans(sc.SPAN_REQUEST)
+    assert span.attributes[sc.FORWARD_COUNT] >= 2  # one per replica
