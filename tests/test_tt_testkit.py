@@ -1,8 +1,10 @@
-"""The test kit's own promises: the ports it hands out never repeat in one test process."""
+"""The test kit's own promises: the ports it hands out never repeat in one test process, and
+`serve` started on ports taken meanwhile is started again on others."""
 
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,10 +36,16 @@ class _KernelGivingBackTheSamePort:
 def test_free_port_never_gives_a_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tt_testkit, "_given_ports", set())
     monkeypatch.setattr(socket, "socket", _KernelGivingBackTheSamePort)
-    assert [tt_testkit.free_port(), tt_testkit.free_port(), tt_testkit.free_port()] == [40001, 40002, 40003]
+    assert [tt_testkit.free_port(), tt_testkit.free_port(), tt_testkit.free_port()] == [
+        40001,
+        40002,
+        40003,
+    ]
 
 
-def test_free_port_on_ipv6_never_gives_a_port_given_on_ipv4(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_free_port_on_ipv6_never_gives_a_port_given_on_ipv4(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """`serve --host ::1` takes its ports from ::1 (the same flake, and `serve` refuses two equal
     port numbers even on different addresses): one registry for both families."""
 
@@ -53,3 +61,23 @@ def test_free_port_on_ipv6_never_gives_a_port_given_on_ipv4(monkeypatch: pytest.
     monkeypatch.setattr(socket, "socket", Kernel)
     assert [tt_testkit.free_port(), tt_testkit.free_port("::1")] == [40001, 40002]
     assert Kernel.families == [socket.AF_INET] + [socket.AF_INET6] * 3
+
+
+def test_start_serve_starts_again_on_new_ports_when_one_was_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port `free_port` gave can be bound by another program before `serve` binds it (its
+    start takes a second or more): `start_serve` tries again on new ports."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        real = tt_testkit.free_port
+        first = [busy]
+        monkeypatch.setattr(tt_testkit, "free_port", lambda *a: first.pop() if first else real(*a))
+        server = tt_testkit.start_serve(tmp_path)
+        try:
+            assert busy not in (server.http_port, server.grpc_port, server.web_port)
+            assert server.proc.poll() is None
+        finally:
+            server.stop()

@@ -36,7 +36,37 @@ def free_port(host: str = "127.0.0.1") -> int:
                 return port
 
 
-def wait_for_port(port: int, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+def bound_socket(port: int = 0) -> socket.socket:
+    """Gives a TCP socket bound on 127.0.0.1 (not listening yet), for a server to take over:
+    `port` 0, a port of the kernel's choice that `free_port` never gives (it is kept in the
+    same registry).  A port picked with bind-and-close and bound again by the server later
+    could be taken in between: by any other bind(0) (gRPC's port 0 in `start_live`, another
+    test run's `free_port`), and the server then failed to start."""
+    with _given_lock:
+        rejected: list[socket.socket] = []
+        try:
+            while True:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    if port:  # as uvicorn binds a port it is given
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    sock.bind(("127.0.0.1", port))
+                except BaseException:
+                    sock.close()
+                    raise
+                got = int(sock.getsockname()[1])
+                if port or got not in _given_ports:
+                    _given_ports.add(got)
+                    return sock
+                rejected.append(sock)  # held until the loop ends: not given back at once
+        finally:
+            for sock in rejected:
+                sock.close()
+
+
+def wait_for_port(
+    port: int, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -96,8 +126,30 @@ class ServeProcess:
         return out
 
 
+#: how many times `start_serve` starts `serve` on new ports when one of its ports was taken
+SERVE_START_TRIES = 3
+
+
 def start_serve(tmp_path: Path, *extra: str, db: Path | None = None) -> ServeProcess:
-    """Starts `tokentrace serve` as a real subprocess on free loopback ports."""
+    """Starts `tokentrace serve` as a real subprocess on free loopback ports.
+
+    The ports were free when picked, and `serve` binds them a second or more later (its
+    start): another program (another test run on this machine) may bind one in between.
+    That start ends with "Address already in use" and is tried again on new ports."""
+    for tries_left in range(SERVE_START_TRIES - 1, -1, -1):
+        try:
+            return _start_serve_once(tmp_path, extra, db)
+        except _PortTaken:
+            if not tries_left:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(RuntimeError):
+    """`serve` could not start: one of its ports was taken before it bound it."""
+
+
+def _start_serve_once(tmp_path: Path, extra: tuple[str, ...], db: Path | None) -> ServeProcess:
     db = db or tmp_path / "tokentrace.duckdb"
     ports = [free_port(), free_port(), free_port()]
     cmd = [
@@ -113,8 +165,10 @@ def start_serve(tmp_path: Path, *extra: str, db: Path | None = None) -> ServePro
     server = ServeProcess(proc, db, *ports)
     try:
         wait_started(server)
-    except Exception:
-        server.stop()
+    except Exception as exc:
+        out = server.stop()
+        if server.proc.returncode != 0 and "Address already in use" in f"{exc} {out}":
+            raise _PortTaken(f"{exc} {out}") from exc
         raise
     return server
 
@@ -139,23 +193,39 @@ def wait_started(server: ServeProcess, timeout: float = 60.0) -> None:
 
 
 class ThreadServer:
-    """Runs an ASGI app under uvicorn in a daemon thread on 127.0.0.1; a context manager."""
+    """Runs an ASGI app under uvicorn in a daemon thread on 127.0.0.1; a context manager.
 
-    def __init__(self, app: object, port: int | None = None) -> None:
+    Its socket is bound here, before the thread starts (`bound_socket`): uvicorn serves on
+    that socket, so no other bind can take the port between the pick and the start.
+    `sock`: a socket from `bound_socket` to serve on (the caller needed its port first)."""
+
+    def __init__(
+        self, app: object, port: int | None = None, sock: socket.socket | None = None
+    ) -> None:
         import uvicorn
 
-        self.port = port or free_port()
+        self.sock = sock if sock is not None else bound_socket(port or 0)
+        self.port = int(self.sock.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")  # type: ignore[arg-type]
+        config = uvicorn.Config(
+            app,  # type: ignore[arg-type]
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="off",
         )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
 
     def __enter__(self) -> ThreadServer:
         self.thread.start()
-        deadline = time.monotonic() + 20
+        # a loaded machine may take seconds to start uvicorn's thread
+        deadline = time.monotonic() + 60
         while not self.server.started:
             if time.monotonic() > deadline or not self.thread.is_alive():
+                self.__exit__()
                 raise RuntimeError("server did not start")
             time.sleep(0.02)
         return self
@@ -163,3 +233,5 @@ class ThreadServer:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+        if not self.thread.is_alive():  # (uvicorn closes it as it stops: never under its feet)
+            self.sock.close()  # closed already when uvicorn served on it; not when it never did

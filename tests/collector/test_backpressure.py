@@ -91,6 +91,7 @@ def _serve(db: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
                 raise RuntimeError(db.with_suffix(".log").read_text()) from None
             time.sleep(0.05)
     proc.kill()
+    proc.wait()  # reaped: a Popen left running warns (ResourceWarning) in a later test
     raise TimeoutError("tokentrace serve did not start")
 
 

@@ -167,7 +167,7 @@ def test_a_dead_worker_loses_nothing() -> None:
         _decode(pool, body)
         (pid,) = pool.worker_pids()
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # (a loaded machine's pool may notice it late)
         while time.monotonic() < deadline:  # the pool notices the death
             got, _ = _decode(pool, body)
             assert span_count(got) == len(spans)
@@ -246,7 +246,7 @@ def test_serve_stores_big_exports_and_its_worker_dies_with_it(tmp_path: Path) ->
         assert workers
         os.kill(server.proc.pid, signal.SIGKILL)
         server.proc.wait(10)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60  # (returns as soon as they are gone)
         while any(_alive(p) for p in workers) and time.monotonic() < deadline:
             time.sleep(0.1)
         survivors = [p for p in workers if _alive(p)]

@@ -135,25 +135,35 @@ def test_prefill_can_be_kept_out_of_decode_steps(make_scheduler) -> None:  # typ
         steps: list[StepStats] = []
         scheduler.add_step_hook(steps.append)
         sink = Collector()
-        decoding = threading.Event()
+        decoding, submitted = threading.Event(), threading.Event()
 
         def on_event(
-            event: TokenEvent, sink: Collector = sink, decoding: threading.Event = decoding
+            event: TokenEvent,
+            sink: Collector = sink,
+            decoding: threading.Event = decoding,
+            submitted: threading.Event = submitted,
         ) -> None:
             sink(event)
-            decoding.set()
+            if not decoding.is_set():
+                decoding.set()
+                # the scheduler thread waits at "long"'s first token until "late" is in: its
+                # 200 tokens take ~0.15 s, which a loaded machine's test thread could miss
+                submitted.wait(30)
 
         scheduler.start()
         scheduler.submit(GenerationRequest("long", _prompt(20, 1), 200, on_event))
-        assert decoding.wait(10)  # "late" must arrive while "long" decodes
+        assert decoding.wait(30)  # "late" must arrive while "long" decodes
         scheduler.submit(GenerationRequest("late", _prompt(60, 2), 3, sink))
+        submitted.set()
         sink.wait(2)
         mixed = [s for s in steps if s.prefill_tokens and s.decode_seqs]
         assert bool(mixed) is interrupts
 
 
 def test_batch_delay_gathers_requests_into_one_step(make_scheduler) -> None:  # type: ignore[no-untyped-def]
-    scheduler = make_scheduler(max_batch_size=4, batch_delay_ms=300)
+    # a delay far longer than any pause of a loaded machine between the two submits (300 ms
+    # was not); the test does not wait for it: two waiting requests fill the batch of two
+    scheduler = make_scheduler(max_batch_size=2, batch_delay_ms=60_000)
     steps: list[StepStats] = []
     scheduler.add_step_hook(steps.append)
     sink = Collector()
@@ -167,21 +177,26 @@ def test_batch_delay_gathers_requests_into_one_step(make_scheduler) -> None:  # 
 
 def test_cancel_frees_the_kv_slot(make_scheduler) -> None:  # type: ignore[no-untyped-def]
     scheduler = make_scheduler(max_batch_size=2)
-    first_token = threading.Event()
+    first_token, cancelled = threading.Event(), threading.Event()
     sink = Collector()
 
     def on_event(event: TokenEvent) -> None:
         sink(event)
-        first_token.set()
+        if not first_token.is_set():
+            first_token.set()
+            # the scheduler thread waits at the first token until the cancel is in: the 200
+            # tokens take ~0.15 s, which a loaded machine's test thread could miss
+            cancelled.wait(30)
 
     scheduler.start()
     scheduler.submit(GenerationRequest("gone", _prompt(10, 1), 200, on_event))
-    assert first_token.wait(10)
+    assert first_token.wait(30)
     scheduler.cancel("gone")
+    cancelled.set()
     sink.wait(1)
     assert sink.by_request["gone"][-1].finish_reason == FINISH_CANCELLED
     assert len(sink.tokens("gone")) < 200
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while scheduler.running and time.monotonic() < deadline:
         time.sleep(0.01)
     assert scheduler.running == 0 and scheduler.cache.free_slots == scheduler.cache.num_slots
@@ -213,7 +228,7 @@ def test_errors_do_not_kill_the_scheduler(make_scheduler, monkeypatch) -> None: 
     scheduler.submit(GenerationRequest("fine", _prompt(10, 3), 5, sink))
     sink.wait(2)
     assert len(sink.tokens("fine")) == 5
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while scheduler.running and time.monotonic() < deadline:
         time.sleep(0.01)
     assert scheduler.cache.free_slots == scheduler.cache.num_slots

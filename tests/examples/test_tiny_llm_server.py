@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -84,9 +86,29 @@ def test_non_streaming_completion(server: ServerHandle) -> None:
     assert data["usage"]["completion_tokens"] == 4
 
 
-def test_client_disconnect_frees_the_sequence(server: ServerHandle) -> None:
+def test_client_disconnect_frees_the_sequence(
+    server: ServerHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = server.app.state.engine
     decoded: list[str] = []
-    server.app.state.engine.add_step_hook(lambda stats: decoded.extend(stats.decode_request_ids))
+    cancelled = threading.Event()
+    cancel = engine.scheduler.cancel
+
+    def cancel_seen(request_id: str) -> None:
+        cancel(request_id)
+        if request_id == "walks-away":
+            cancelled.set()
+
+    monkeypatch.setattr(engine.scheduler, "cancel", cancel_seen)
+
+    def on_step(stats: Any) -> None:
+        decoded.extend(stats.decode_request_ids)
+        if "walks-away" in stats.decode_request_ids:
+            # the scheduler waits here until the server has cancelled the request: its 480
+            # tokens take ~0.3 s, less than a loaded machine may take to see the client go
+            cancelled.wait(60)
+
+    engine.add_step_hook(on_step)
     body = {"prompt": "A long answer please", "max_tokens": 480, "stream": True}
     headers = {"x-request-id": "walks-away"}
     with httpx.stream(
@@ -94,7 +116,8 @@ def test_client_disconnect_frees_the_sequence(server: ServerHandle) -> None:
     ) as response:
         lines = response.iter_lines()
         assert next(lines).startswith("data: ")
-    deadline = time.monotonic() + 10
+    assert cancelled.wait(60), "the server did not cancel the request of a client that left"
+    deadline = time.monotonic() + 30
     health = {}
     while time.monotonic() < deadline:
         health = httpx.get(f"{server.url}/health", timeout=5).json()
@@ -145,7 +168,9 @@ def test_a_request_without_tenant_names_none() -> None:
 
     def context(headers: dict[str, str], **body: object):  # type: ignore[no-untyped-def]
         raw = [(k.encode(), v.encode()) for k, v in headers.items()]
-        return handler.context(Request({"type": "http", "headers": raw}), CompletionRequest(prompt="hi", **body))
+        return handler.context(
+            Request({"type": "http", "headers": raw}), CompletionRequest(prompt="hi", **body)
+        )
 
     assert context({}).tenant is None
     assert context({"x-tenant": "acme"}).tenant == "acme"

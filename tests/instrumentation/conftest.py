@@ -26,8 +26,10 @@ class MemorySdk:
         got = list(self.exporter.get_finished_spans())
         return [s for s in got if name is None or s.name == name]
 
-    def wait_for(self, name: str, count: int = 1, timeout_s: float = 10.0) -> list[ReadableSpan]:
-        """Gives the spans named `name` once `count` have ended (a server thread ends its own)."""
+    def wait_for(self, name: str, count: int = 1, timeout_s: float = 60.0) -> list[ReadableSpan]:
+        """Gives the spans named `name` once `count` have ended (a server thread ends its own);
+        waits up to `timeout_s` (it returns as soon as they are there: a loaded machine's
+        server thread may end its span seconds late)."""
         deadline = time.monotonic() + timeout_s
         while True:
             got = self.spans(name)

@@ -83,11 +83,15 @@ def test_flusher_thread_emits_without_an_explicit_flush(memory_sdk, monkeypatch)
     recorder = _steps.StepRecorder(flush_interval_s=0.05)
     monkeypatch.setattr(_steps, "recorder", recorder)
     _run_steps()
-    deadline = time.monotonic() + 10
-    while recorder.emitted_spans == 0 and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30
+    while (recorder.emitted_spans == 0 or recorder._items) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert recorder.emitted_spans == 1
-    assert memory_sdk.spans(sc.SPAN_ENGINE_STEPS)[0].attributes[sc.STEP_COUNT] == 3
+    assert recorder.emitted_spans >= 1  # emitted by its thread: nothing here flushed it
+    # one span of the 3 steps, or more where the thread's tick fell between two of them (a
+    # loaded machine's pause in `_run_steps` made that 2 spans: 2 steps, then 1)
+    spans = memory_sdk.spans(sc.SPAN_ENGINE_STEPS)
+    assert len(spans) == recorder.emitted_spans
+    assert sum(s.attributes[sc.STEP_COUNT] for s in spans) == 3
 
 
 def test_bounded_buffer_drops_oldest_and_says_so(memory_sdk, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -130,7 +134,9 @@ def test_serve_stores_a_steps_forward_host_time(serve_sdk) -> None:  # type: ign
         step.decode("req-g")
     assert tracing.force_flush(10_000)
     serve.stop()
-    rows = serve.rows("SELECT request_ids, forward_host_us, gpu_us FROM engine_steps ORDER BY start_ns")
+    rows = serve.rows(
+        "SELECT request_ids, forward_host_us, gpu_us FROM engine_steps ORDER BY start_ns"
+    )
     assert [r[0] for r in rows] == [["req-f"], ["req-g"]]
     assert rows[0][1] >= 3000 and rows[0][2] is None
     assert rows[1][1:] == (None, None)
