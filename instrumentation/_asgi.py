@@ -11,6 +11,8 @@ a server).
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
@@ -36,6 +38,12 @@ SCOPE_KEY = "tokentrace.request"
 ERROR_KEY = "tokentrace.error"
 #: Lifespan scope key: an outer TokentraceMiddleware flushes at shutdown, the inner one not again.
 LIFESPAN_KEY = "tokentrace.lifespan"
+#: Seconds after the answer's last byte in which an exception leaving the app is still
+#: the request's: Starlette's `BaseHTTPMiddleware` (`@app.middleware("http")`) sends a
+#: streamed body's end and only then raises what cut the stream.  The request keeps the
+#: last byte as its end; what the app still runs after the window (a long background
+#: task) is not waited for.
+LATE_ERROR_WINDOW_S = 1.0
 
 
 def request_from_headers(
@@ -160,11 +168,17 @@ class TokentraceMiddleware:
         status: list[int] = []
         #: [the request finished, the client went away before the answer's end]
         state = [False, False]
+        #: the monotonic time of the answer's last byte, once sent
+        answered: list[int] = []
+        #: the timer that ends the request LATE_ERROR_WINDOW_S after its last byte
+        late: list[asyncio.TimerHandle] = []
 
         def end(error: BaseException | None) -> None:
             if state[0]:
-                return  # ended at the answer's last byte (a background task ran after it)
+                return  # ended after the answer's last byte (a background task ran on)
             state[0] = True
+            if late:
+                late[0].cancel()
             if error is None and status and status[0] >= 500:
                 # the exception an inner layer saw, answered by Starlette's error handler
                 # (a 500, or what a handler for `Exception` sends); one answered below
@@ -191,7 +205,7 @@ class TokentraceMiddleware:
                         req.record_error(HttpStatusError(f"HTTP {status[0]}"))
             except Exception as exc:
                 log_once("ASGI request attributes", exc)
-            req.finish(error)
+            req._finish_at(answered[0] if answered else time.monotonic_ns(), error)
 
         async def receive_wrapper() -> Message:
             message = await receive()
@@ -210,15 +224,25 @@ class TokentraceMiddleware:
             elif kind != "http.response.pathsend":
                 await send(message)
                 return
+            if kind != "http.response.start":
+                # the answer's last byte: the request's end, whatever the app still
+                # runs after it (Starlette's background tasks); read before the send,
+                # which a client may see complete before it returns
+                answered.append(time.monotonic_ns())
             try:
                 await send(message)
             except OSError:  # the server could not write: the client is gone
                 state[1] = True
                 raise
-            if kind != "http.response.start":
-                # the answer's last byte is sent: the request ends here, not after
-                # what the app still runs (Starlette's background tasks)
-                end(None)
+            if kind != "http.response.start" and not state[0] and not late:
+                # finished when the app returns (an exception raised after the body's
+                # end is still this request's), or after the window, whichever first
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:  # not asyncio's loop (trio): finished now
+                    end(None)
+                else:
+                    late.append(loop.call_later(LATE_ERROR_WINDOW_S, end, None))
 
         # current_request(), and OpenTelemetry's current span: a call the handler makes
         # (an instrumented httpx client, the host's own spans) is the request's child

@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import DEFAULT_ON
@@ -32,10 +32,17 @@ ENV_SERVICE_NAME = "TOKENTRACE_SERVICE_NAME"
 ENV_PROTOCOL = "TOKENTRACE_PROTOCOL"
 ENV_RECORD_CONTENT = "TOKENTRACE_RECORD_CONTENT"
 ENV_DISABLED = "TOKENTRACE_DISABLED"
-#: Standard OpenTelemetry variables honoured as fallbacks.
+#: Standard OpenTelemetry variables honoured as fallbacks: a per-signal one
+#: (`…_TRACES_…`, `…_METRICS_…`) before the general one, as OpenTelemetry's own
+#: exporters read them; `OTEL_RESOURCE_ATTRIBUTES`' `service.name` after `OTEL_SERVICE_NAME`.
 ENV_OTEL_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+ENV_OTEL_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+ENV_OTEL_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
 ENV_OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
+ENV_OTEL_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
 ENV_OTEL_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+ENV_OTEL_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+ENV_OTEL_METRICS_PROTOCOL = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"
 
 PROTOCOLS = ("http/protobuf", "grpc")
 DEFAULT_HTTP_ENDPOINT = "http://127.0.0.1:4318"
@@ -52,8 +59,11 @@ def _truthy(value: str | None) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Settings:
+    #: the collector's base URL (explicit argument, `TOKENTRACE_ENDPOINT`,
+    #: `OTEL_EXPORTER_OTLP_ENDPOINT` or the default): no signal path
     endpoint: str
     service_name: str
+    #: the protocol spans are exported with
     protocol: str
     record_content: bool
     disabled: bool
@@ -61,6 +71,24 @@ class Settings:
     cold_start_requests: int = DEFAULT_COLD_START_REQUESTS
     #: Idle seconds after which the next requests count as cold again.
     cold_start_idle_s: float = DEFAULT_COLD_START_IDLE_S
+    #: where spans go: the full OTLP/HTTP URL (`…/v1/traces`, or
+    #: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as written), or the gRPC endpoint;
+    #: left empty, made from `endpoint` and `protocol`
+    traces_endpoint: str = ""
+    #: where GPU samples go, likewise (`…/v1/metrics`, `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`)
+    metrics_endpoint: str = ""
+    #: the protocol GPU samples are exported with; left empty, `protocol`
+    metrics_protocol: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.metrics_protocol:
+            object.__setattr__(self, "metrics_protocol", self.protocol)
+        if not self.traces_endpoint:
+            url = _signal_url(self.endpoint, self.protocol, "/v1/traces")
+            object.__setattr__(self, "traces_endpoint", url)
+        if not self.metrics_endpoint:
+            url = _signal_url(self.endpoint, self.metrics_protocol, "/v1/metrics")
+            object.__setattr__(self, "metrics_endpoint", url)
 
     @classmethod
     def resolve(
@@ -96,26 +124,14 @@ class Settings:
             raise ValueError(f"cold_start_requests must be >= 0, not {cold_n}")
         if cold_idle <= 0:
             raise ValueError(f"cold_start_idle_s must be > 0, not {cold_idle}")
-        proto = protocol or env.get(ENV_PROTOCOL) or env.get(ENV_OTEL_PROTOCOL) or "http/protobuf"
-        if proto == "http/json" and not protocol:
-            # OpenTelemetry's third protocol, set for the host's other exporters: every
-            # OTLP/HTTP receiver takes protobuf too, so the same endpoint serves
-            log_once(
-                "OTLP protocol http/json from the environment",
-                detail=": tokentrace exports OTLP/HTTP as protobuf to the same endpoint",
-            )
-            proto = "http/protobuf"
-        if proto not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {PROTOCOLS}, not {proto!r}")
+        proto = _resolve_protocol(protocol, ENV_OTEL_TRACES_PROTOCOL)
+        metrics_proto = _resolve_protocol(protocol, ENV_OTEL_METRICS_PROTOCOL)
         default_endpoint = DEFAULT_GRPC_ENDPOINT if proto == "grpc" else DEFAULT_HTTP_ENDPOINT
         ep = endpoint or env.get(ENV_ENDPOINT) or env.get(ENV_OTEL_ENDPOINT) or default_endpoint
         ep = _checked_endpoint(ep)
         return cls(
             endpoint=_base_endpoint(ep, proto),
-            service_name=service_name
-            or env.get(ENV_SERVICE_NAME)
-            or env.get(ENV_OTEL_SERVICE_NAME)
-            or DEFAULT_SERVICE_NAME,
+            service_name=service_name or _service_name_from_env(),
             protocol=proto,
             record_content=record_content
             if record_content is not None
@@ -123,7 +139,84 @@ class Settings:
             disabled=disabled if disabled is not None else _truthy(env.get(ENV_DISABLED)),
             cold_start_requests=cold_n,
             cold_start_idle_s=cold_idle,
+            traces_endpoint=_resolve_signal_endpoint(
+                endpoint, ENV_OTEL_TRACES_ENDPOINT, proto, "/v1/traces"
+            ),
+            metrics_endpoint=_resolve_signal_endpoint(
+                endpoint, ENV_OTEL_METRICS_ENDPOINT, metrics_proto, "/v1/metrics"
+            ),
+            metrics_protocol=metrics_proto,
         )
+
+
+def _service_name_from_env() -> str:
+    """Gives the service name the environment sets: `TOKENTRACE_SERVICE_NAME`, else
+    `OTEL_SERVICE_NAME`, else `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, else
+    `DEFAULT_SERVICE_NAME`.
+
+    The SDK's default must not be passed to `Resource.create` where the environment
+    names the service: explicit attributes win there, and every span would read
+    `llm-server` under `OTEL_RESOURCE_ATTRIBUTES=service.name=chat-api`.
+    """
+    env = os.environ
+    name = env.get(ENV_SERVICE_NAME) or env.get(ENV_OTEL_SERVICE_NAME)
+    if name:
+        return name
+    # `key=value` pairs split on `,`, the value percent-decoded, the last pair of a key
+    # winning: as OpenTelemetry's `OTELResourceDetector` reads them (which also logs a
+    # malformed pair; `Resource.create` does that once, not here a second time)
+    for item in (env.get(ENV_OTEL_RESOURCE_ATTRIBUTES) or "").split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip() == SERVICE_NAME:
+            name = unquote(value.strip())
+    return name or DEFAULT_SERVICE_NAME
+
+
+def _resolve_protocol(protocol: str | None, signal_env: str) -> str:
+    """Gives a signal's protocol: `protocol`, `TOKENTRACE_PROTOCOL`, the signal's
+    `OTEL_EXPORTER_OTLP_<SIGNAL>_PROTOCOL`, `OTEL_EXPORTER_OTLP_PROTOCOL`, else OTLP/HTTP."""
+    env = os.environ
+    proto = (
+        protocol
+        or env.get(ENV_PROTOCOL)
+        or env.get(signal_env)
+        or env.get(ENV_OTEL_PROTOCOL)
+        or "http/protobuf"
+    )
+    if proto == "http/json" and not protocol:
+        # OpenTelemetry's third protocol, set for the host's other exporters: every
+        # OTLP/HTTP receiver takes protobuf too, so the same endpoint serves
+        log_once(
+            "OTLP protocol http/json from the environment",
+            detail=": tokentrace exports OTLP/HTTP as protobuf to the same endpoint",
+        )
+        proto = "http/protobuf"
+    if proto not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, not {proto!r}")
+    return proto
+
+
+def _resolve_signal_endpoint(
+    endpoint: str | None, signal_env: str, protocol: str, path: str
+) -> str:
+    """Gives where one signal goes: `endpoint`, else `TOKENTRACE_ENDPOINT`, else the
+    signal's `OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT` as written (OpenTelemetry's
+    full per-signal URL: nothing is added or taken off), else `OTEL_EXPORTER_OTLP_ENDPOINT`,
+    else the default; a base URL gets the signal's OTLP/HTTP `path`."""
+    env = os.environ
+    own = endpoint or env.get(ENV_ENDPOINT)
+    if not own:
+        per_signal = env.get(signal_env)
+        if per_signal and per_signal.strip():
+            return _checked_endpoint(per_signal)
+    default = DEFAULT_GRPC_ENDPOINT if protocol == "grpc" else DEFAULT_HTTP_ENDPOINT
+    base = _checked_endpoint(own or env.get(ENV_OTEL_ENDPOINT) or default)
+    return _signal_url(_base_endpoint(base, protocol), protocol, path)
+
+
+def _signal_url(base: str, protocol: str, path: str) -> str:
+    """Gives a signal's URL on the collector at `base`: OTLP/HTTP adds the signal's path."""
+    return base if protocol == "grpc" else f"{base}{path}"
 
 
 def _checked_endpoint(endpoint: object) -> str:
@@ -177,7 +270,7 @@ def _base_endpoint(endpoint: str, protocol: str) -> str:
 def _make_exporter(settings: Settings) -> GuardedExporter:
     """Gives the OTLP span exporter, guarded: a collector that is down or never
     answers costs dropped spans, never the host's time (see `_export`)."""
-    return _export.otlp_exporter(settings.endpoint, settings.protocol)
+    return _export.otlp_exporter(settings.traces_endpoint, settings.protocol)
 
 
 class HashOnceResource(Resource):
@@ -441,9 +534,7 @@ def _disabled_tracing(why: str) -> Tracing:
         if disabled is None:
             settings = _shut_down or Settings(
                 endpoint=DEFAULT_HTTP_ENDPOINT,
-                service_name=os.environ.get(ENV_SERVICE_NAME)
-                or os.environ.get(ENV_OTEL_SERVICE_NAME)
-                or DEFAULT_SERVICE_NAME,
+                service_name=_service_name_from_env(),
                 protocol=PROTOCOLS[0],
                 record_content=False,
                 disabled=True,

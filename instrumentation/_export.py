@@ -223,8 +223,10 @@ def _no_retry_session(guard: GuardedExporter) -> Any:
     return NoRetrySession()
 
 
-def otlp_exporter(endpoint: str, protocol: str) -> GuardedExporter:
-    """Gives the guarded OTLP span exporter to a collector's base `endpoint`."""
+def otlp_exporter(url: str, protocol: str) -> GuardedExporter:
+    """Gives the guarded OTLP span exporter to `url`: over OTLP/HTTP the full traces
+    URL, used as given (`…/v1/traces`, or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as
+    written: `Settings.traces_endpoint`); over gRPC the collector's endpoint."""
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as Grpc,
@@ -232,17 +234,17 @@ def otlp_exporter(endpoint: str, protocol: str) -> GuardedExporter:
 
         return GuardedExporter(
             Grpc(
-                endpoint=endpoint,
-                insecure=endpoint.startswith("http://"),
+                endpoint=url,
+                insecure=url.startswith("http://"),
                 timeout=EXPORT_TIMEOUT_S,  # type: ignore[arg-type]  # seconds; typed int in old releases
             ),
-            endpoint,
+            url,
         )
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
 
-    guard = GuardedExporter(None, endpoint)
+    guard = GuardedExporter(None, url)
     guard.inner = Http(
-        endpoint=f"{endpoint}/v1/traces",
+        endpoint=url,
         timeout=EXPORT_TIMEOUT_S,
         session=_no_retry_session(guard),
     )

@@ -17,6 +17,7 @@ import time
 import urllib.request
 from collections import deque
 from typing import Any, NamedTuple, Protocol
+from urllib.parse import urlsplit
 
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._config import add_flush_hook, get_tracing, logger
@@ -237,7 +238,7 @@ class GpuSampler:
                 return 0
             resource = dict(getattr(tracing.provider, "resource", None).attributes or {})  # type: ignore[union-attr]
             body = samples_to_otlp(batch, resource)
-            _send(tracing.settings.endpoint, tracing.settings.protocol, body)
+            _send(tracing.settings.metrics_endpoint, tracing.settings.metrics_protocol, body)
         except Exception as exc:
             self.export_failures += 1
             self.samples_dropped += len(batch)
@@ -290,19 +291,22 @@ class GpuSampler:
             _active = None
 
 
-def _send(endpoint: str, protocol: str, body: Any) -> None:
+def _send(url: str, protocol: str, body: Any) -> None:
+    """Exports `body` to `url`: over OTLP/HTTP the full metrics URL, used as given
+    (`…/v1/metrics`, or `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` as written:
+    `Settings.metrics_endpoint`); over gRPC the collector's `host:port` is taken from it."""
     if protocol == "grpc":
         import grpc
         from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import (
             MetricsServiceStub,
         )
 
-        target = endpoint.split("://", 1)[-1]
+        target = urlsplit(url).netloc or url.split("://", 1)[-1]
         with grpc.insecure_channel(target) as channel:
             MetricsServiceStub(channel).Export(body, timeout=EXPORT_TIMEOUT_S)
         return
     req = urllib.request.Request(
-        f"{endpoint}/v1/metrics",
+        url,
         data=body.SerializeToString(),
         headers={"Content-Type": "application/x-protobuf"},
         method="POST",

@@ -20,8 +20,10 @@ import random
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from operator import itemgetter
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -59,6 +61,20 @@ FINISH_INTERVAL_S = 0.5
 MAX_PENDING_FINISHES = 16_384
 #: The builder wakes early once this many requests wait.
 FINISH_WAKE_AT = 256
+#: Most spans one phase name gets in a request.  A phase run more often (a streaming
+#: server detokenizes once per token) gets none: the request span carries its number
+#: of calls and their summed time instead (`semconv.PHASE_CALLS_SUFFIX`), so a
+#: 1000-token answer costs no 1000 spans.  The usual one tokenize and one detokenize
+#: stay spans in the waterfall.
+PHASE_SPANS_MAX = 4
+#: Phases that stay spans however often they run: the scheduler's stages, marked by
+#: the host (a few each at most: a chunked prefill, a preempted request queued again),
+#: whose span times the analyzer reads (prefill's start is where the prefill bucket
+#: starts, the queue spans are its `queue_wait`) and the waterfall shows where they lie.
+PHASES_ALWAYS_SPANS = frozenset({"queue", "prefill", "decode"})
+
+
+_phase_name = itemgetter(0)  # of a recorded phase: (name, start, end)
 
 
 def _id_prefix() -> str:
@@ -386,10 +402,15 @@ class RequestTrace(DeviceTally):
         `FINISH_INTERVAL_S` (`tracing.force_flush()` does it at once), so
         the span keeps its exact end time but leaves the process a little later.
         """
+        self._finish_at(time.monotonic_ns(), error)
+
+    def _finish_at(self, end_mono: int, error: BaseException | None) -> None:
+        """`finish()`, with the end at `end_mono` (`time.monotonic_ns()`, passed): the ASGI
+        middleware ends a request at its answer's last byte, and finishes it once an
+        exception raised after that can no longer be the request's."""
         if self._finished:
             return
         self._finished = True
-        end_mono = time.monotonic_ns()
         phases, opened = self._phases, self._open
         # phases marked from now on are not this request's any more
         self._phases = []
@@ -487,12 +508,33 @@ class RequestTrace(DeviceTally):
             span.set_attribute(semconv.FORWARD_GPU_US, tally.fwd_device_ns // 1000)
 
     def _emit_children(self, span: trace.Span, phases: list[tuple[str, int, int]]) -> None:
+        """Builds a child span per phase; a phase run more than `PHASE_SPANS_MAX` times
+        (a streaming server's `decode` per token) is summarized on `span` instead:
+        its calls and their summed time (`semconv.PHASE_CALLS_SUFFIX`), no spans."""
         tracer = self._tracing.tracer
         ctx = trace.set_span_in_context(span)
+        summed: dict[str, list[int]] | None = None  # phase -> [calls, total ns]
+        if len(phases) > PHASE_SPANS_MAX:  # (the usual request has fewer: no counting)
+            counts = Counter(map(_phase_name, phases))
+            summed = {
+                phase: [0, 0]
+                for phase, n in counts.items()
+                if n > PHASE_SPANS_MAX and phase not in PHASES_ALWAYS_SPANS
+            }
         for phase, start, end in phases:
+            if summed and phase in summed:
+                tally = summed[phase]
+                tally[0] += 1
+                tally[1] += end - start
+                continue
             name = semconv.PHASES.get(phase, f"tokentrace.{phase}")
             child = tracer.start_span(name, context=ctx, start_time=self._wall(start))
             child.end(end_time=self._wall(end))
+        if summed:
+            for phase, (calls, total_ns) in summed.items():
+                name = semconv.PHASES.get(phase, f"tokentrace.{phase}")
+                span.set_attribute(name + semconv.PHASE_CALLS_SUFFIX, calls)
+                span.set_attribute(name + semconv.PHASE_TOTAL_US_SUFFIX, total_ns // 1000)
 
     # ---- context manager ---------------------------------------------------
     def __enter__(self) -> RequestTrace:

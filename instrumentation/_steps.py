@@ -29,9 +29,13 @@ if TYPE_CHECKING:
 
 #: Steps kept waiting for export; beyond it the oldest are dropped (and counted).
 MAX_PENDING_STEPS = 65_536
-#: Most steps per emitted span: keeps one span's attributes ~100 kB at most, and
-#: the time the flusher holds the GIL building one short (see `flush`).
+#: Most steps per emitted span: keeps the time the flusher holds the GIL building
+#: one short (see `flush`).
 MAX_STEPS_PER_SPAN = 512
+#: Most characters of request ids in one emitted span (the bulk of its size): a span
+#: of 512 steps of 256 sequences each named 3 MB of ids, over the 4 MiB that OTLP
+#: receivers take by default (the OpenTelemetry Collector's gRPC); more are split.
+MAX_SPAN_REQUEST_ID_CHARS = 256 * 1024
 #: The flusher wakes early once this many steps wait.
 WAKE_AT_STEPS = 2_048
 FLUSH_INTERVAL_S = 1.0
@@ -154,6 +158,12 @@ class StepRecorder(QueueFlusher["_StepRecord | EngineStep"]):
             else:
                 fwd_host_us.append(-1)
                 gpu_us.append(rec[8])
+        if len(batch) > 1 and sum(map(len, request_ids)) > MAX_SPAN_REQUEST_ID_CHARS:
+            # big batches stepping fast: two spans of half the steps each, as often as it takes
+            half = len(batch) // 2
+            self._emit(batch[:half])
+            self._emit(batch[half:])
+            return
         pack = semconv.pack_list  # one string per list: see semconv.PACKED_LISTS
         attrs: dict[str, Any] = {
             semconv.STEP_COUNT: len(batch),

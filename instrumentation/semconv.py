@@ -13,6 +13,12 @@ Span tree of one request, as the SDK emits it::
     ├── tokentrace.decode         first output token → last output token
     └── tokentrace.detokenize     ids → text (may repeat per chunk; summed)
 
+A phase a request runs more than a few times (a streaming server detokenizes
+once per token) gets no span per call: the request span carries its number of
+calls and their summed time, ``<its span name>.calls`` and ``.total_us``
+(``tokentrace.detokenize.calls``, ``tokentrace.detokenize.total_us``).  The
+scheduler's stages (queue, prefill, decode) always stay spans.
+
 Token times travel as one compact attribute on the request span
 (``tokentrace.token.offsets_us``): a list of ints, each the time of one
 output token in microseconds after the request span's start.  One attribute
@@ -85,6 +91,18 @@ COMPLETION_TEXT: Final = "tokentrace.completion"
 #: GPU summary over the request's lifetime (from the NVML sampler).
 GPU_UTIL_MEAN: Final = "tokentrace.gpu.utilization_mean"
 GPU_MEM_MAX_BYTES: Final = "tokentrace.gpu.memory_used_max_bytes"
+
+#: A phase summarized on the request span (see above): ``<span name>`` + these suffixes.
+#: int: its calls in the request
+PHASE_CALLS_SUFFIX: Final = ".calls"
+#: int: their summed time, µs
+PHASE_TOTAL_US_SUFFIX: Final = ".total_us"
+#: the tokenizer's phases summarized (``wrap_tokenizer``): tokenize's time is part of the
+#: queue bucket (the analyzer reads it from the spans, or from ``TOKENIZE_TOTAL_US``)
+TOKENIZE_CALLS: Final = "tokentrace.tokenize.calls"
+TOKENIZE_TOTAL_US: Final = "tokentrace.tokenize.total_us"
+DETOKENIZE_CALLS: Final = "tokentrace.detokenize.calls"
+DETOKENIZE_TOTAL_US: Final = "tokentrace.detokenize.total_us"
 
 # ---- forward-pass attributes (SPAN_FORWARD or engine steps) -----------------
 FORWARD_HOST_US: Final = "tokentrace.forward.host_us"

@@ -18,6 +18,14 @@ def _sum_ns(spans: list[Span], name: str) -> int:
     return sum(x.duration_ns for x in spans if x.name == name)
 
 
+def _summed_ns(rd: ValueReader, req: Span, key: str) -> int:
+    """Gives the time of a phase the SDK summarized on the request span (many calls: no
+    spans, their summed µs in `key`) as ns; 0 when it did not."""
+    us = rd.number(req.attributes.get(key))
+    ns = None if us is None else rd.duration(us * 1000)
+    return ns or 0
+
+
 def summarize(trace: TraceView) -> list[s.RequestSummary]:
     requests = [x for x in trace.spans if x.name == sc.SPAN_REQUEST]
     sides = RequestSides(trace, [[x] for x in requests])
@@ -65,7 +73,7 @@ def _summarize_request(trace: TraceView, req: Span, sides: Sides) -> s.RequestSu
         prefill_ns=prefill_ns,
         decode_ns=decode_ns or 0,
         queue_wait_ns=_sum_ns(phases, sc.SPAN_QUEUE),
-        tokenize_ns=_sum_ns(phases, sc.SPAN_TOKENIZE),
+        tokenize_ns=_sum_ns(phases, sc.SPAN_TOKENIZE) + _summed_ns(rd, req, sc.TOKENIZE_TOTAL_US),
     )
     if out_tokens is None and offsets_ms:
         out_tokens = len(offsets_ms)
