@@ -38,6 +38,7 @@ class ClientRequest:
         traffic_class: str | None = None,
         name: str = semconv.SPAN_CLIENT,
         attributes: Mapping[str, Any] | None = None,
+        context: otel_context.Context | None = None,
     ) -> None:
         attrs = add_identity({}, model, tenant, traffic_class, attributes)
         self._chunks: list[int] = []
@@ -46,7 +47,11 @@ class ClientRequest:
         self._start_mono_ns = time.monotonic_ns()
         self._start_wall_ns = time.time_ns()
         self._span = get_tracing().tracer.start_span(
-            name, kind=SpanKind.CLIENT, attributes=attrs, start_time=self._start_wall_ns
+            name,
+            context=context,  # None: the current span is the parent
+            kind=SpanKind.CLIENT,
+            attributes=attrs,
+            start_time=self._start_wall_ns,
         )
 
     @property

@@ -18,10 +18,13 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import wrapt
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._client import ClientRequest
 from tokentrace.instrumentation._errors import HttpStatusError
+from tokentrace.instrumentation._request import consumer_left
 from tokentrace.instrumentation._safety import log_once
 
 _in_client_span: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -34,6 +37,7 @@ HTTPX_MODULES = ("httpx", "httpx2")
 _stream_types: dict[tuple[str, str], type] = {}
 #: Request bodies up to this size are read for a JSON `model` field (OpenAI-style APIs).
 MODEL_SNIFF_MAX_BYTES = 256 * 1024
+_propagator = TraceContextTextMapPropagator()
 
 
 def _streams(package: str) -> tuple[type, type]:
@@ -46,15 +50,17 @@ def _streams(package: str) -> tuple[type, type]:
             def __init__(self, inner: Any, client: ClientRequest) -> None:
                 self._inner = inner
                 self._client = client
+                self._reading = False
                 _end_when_dropped(self, client)
 
             def __iter__(self) -> Iterator[bytes]:
+                self._reading = True
                 try:
                     for chunk in self._inner:
                         self._client.chunk()
                         yield chunk
                 except BaseException as exc:
-                    self._client.finish(exc)
+                    _end_early(self._client, exc)
                     raise
                 self._client.finish()
 
@@ -62,21 +68,23 @@ def _streams(package: str) -> tuple[type, type]:
                 try:
                     self._inner.close()
                 finally:
-                    self._client.finish()
+                    _end_closed(self._client, self._reading)
 
         class AsyncChunkStream(httpx.AsyncByteStream):
             def __init__(self, inner: Any, client: ClientRequest) -> None:
                 self._inner = inner
                 self._client = client
+                self._reading = False
                 _end_when_dropped(self, client)
 
             async def __aiter__(self) -> AsyncIterator[bytes]:
+                self._reading = True
                 try:
                     async for chunk in self._inner:
                         self._client.chunk()
                         yield chunk
                 except BaseException as exc:
-                    self._client.finish(exc)
+                    _end_early(self._client, exc)
                     raise
                 self._client.finish()
 
@@ -84,11 +92,34 @@ def _streams(package: str) -> tuple[type, type]:
                 try:
                     await self._inner.aclose()
                 finally:
-                    self._client.finish()
+                    _end_closed(self._client, self._reading)
 
         _stream_types[package, "sync"] = SyncChunkStream
         _stream_types[package, "async"] = AsyncChunkStream
     return _stream_types[package, "sync"], _stream_types[package, "async"]
+
+
+def _end_early(client: ClientRequest, exc: BaseException) -> None:
+    """Ends `client`'s span as its streamed body stops at `exc`.  Its reader going away
+    (`consumer_left`: a `break` out of `iter_lines()`, the generator closed, the task
+    reading it cancelled) is no failure: the span is ended as a stream dropped unread is
+    (`ClientRequest.abandon`: marked disconnected, status unset); anything else (a read
+    timeout, the connection lost) is the call's error."""
+    if consumer_left(exc):
+        client.abandon()
+    else:
+        client.finish(exc)
+
+
+def _end_closed(client: ClientRequest, reading: bool) -> None:
+    """Ends `client`'s span as its response is closed (`with client.stream()` left, say);
+    once its body was read to the end, nothing.  Closed while being read, before its end
+    (a `break` out of `aiter_lines()`: `async with` closes the response before asyncio
+    closes the generator), the reader stopped: as `_end_early`, no error."""
+    if reading:
+        client.abandon()
+    else:
+        client.finish()
 
 
 def _end_when_dropped(stream: object, client: ClientRequest) -> None:
@@ -102,23 +133,64 @@ def _end_when_dropped(stream: object, client: ClientRequest) -> None:
 
 
 def _start_span(request: Any) -> ClientRequest | None:
-    """Opens the client span and injects `traceparent`; None when the call is traced already."""
-    if _in_client_span.get() or "traceparent" in request.headers:
+    """Opens the client span and injects `traceparent`; None when the call is traced already:
+    inside one of our client spans, or carrying the current span's `traceparent` (another
+    instrumentation's client span, injected for this very request).  A `traceparent` of
+    any other span (the incoming request's, copied by a proxy forwarding its headers) is
+    replaced by our span's; where no span is current (a gateway whose server side is not
+    traced), our span continues the trace that `traceparent` names."""
+    if _in_client_span.get():
         return None
     try:
+        if _traced_elsewhere(request.headers):
+            return None
         attrs: dict[str, Any] = {
             semconv.HTTP_METHOD: request.method,
             semconv.SERVER_ADDRESS: request.url.host,
             semconv.URL_PATH: request.url.path,
         }
         model = _sniff_model(request)
-        cr = ClientRequest(model=model, attributes=attrs)
+        cr = ClientRequest(
+            model=model, attributes=attrs, context=_forwarded_parent(request.headers)
+        )
+        if "traceparent" in request.headers:
+            # the `tracestate` sent with the `traceparent` we replace goes with it: ours
+            # (below) carries any that our span's parent came with
+            request.headers.pop("tracestate", None)
         for k, v in cr.headers().items():
             request.headers[k] = v
         return cr
     except Exception as exc:  # the SDK's own failure must never reach the host
         log_once("httpx client span", exc)
         return None
+
+
+def _forwarded_parent(headers: Any) -> Any:
+    """The trace a forwarded `traceparent` names, for our span to continue where no span is
+    current (a gateway that traces its calls, not its own requests); else None (the
+    current span, if any, is the parent)."""
+    sent = headers.get("traceparent")
+    if sent is None or trace.get_current_span().get_span_context().is_valid:
+        return None
+    carrier = {"traceparent": sent}
+    state = headers.get("tracestate")
+    if state is not None:
+        carrier["tracestate"] = state
+    parent = _propagator.extract(carrier)
+    return parent if trace.get_current_span(parent).get_span_context().is_valid else None
+
+
+def _traced_elsewhere(headers: Any) -> bool:
+    """Whether `headers` carry a `traceparent` naming the current span: another
+    instrumentation's client span (started as current, injected for this request)."""
+    sent = headers.get("traceparent")
+    if sent is None:
+        return False
+    current = trace.get_current_span().get_span_context()
+    if not current.is_valid:
+        return False
+    named = trace.get_current_span(_propagator.extract({"traceparent": sent})).get_span_context()
+    return named.trace_id == current.trace_id and named.span_id == current.span_id
 
 
 def _sniff_model(request: Any) -> str | None:
