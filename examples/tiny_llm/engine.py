@@ -87,10 +87,22 @@ class TinyLLMEngine:
             kv_slots=cfg.kv_slots,
             eos_id=self.tokenizer.eos_id,
             suppressed_ids=self._unprintable_ids(),
-            on_first_step=self.model.load_weights if cfg.lazy_load else None,
+            on_first_step=self._cold_start if cfg.lazy_load else None,
         )
         self.build_seconds = time.perf_counter() - started
         self._started = False
+
+    def _cold_start(self) -> None:
+        """What a lazily started engine does before its first step: load the weights,
+        then a profiling pass of one step's most tokens (vLLM sizes its KV cache with
+        one; CUDA-graph capture is the like): seconds on a real server, where a warm
+        request's first token takes tens of milliseconds."""
+        self.model.load_weights()
+        length = min(self.config.max_tokens_per_step, self.model_config.max_seq_len)
+        with torch.inference_mode():
+            self.model.forward_full(
+                torch.zeros((1, length), dtype=torch.long, device=self.scheduler.device)
+            )
 
     def _unprintable_ids(self) -> list[int]:
         """Return ids that decode to nothing readable on their own (lone bytes, end-of-text)."""
