@@ -31,6 +31,14 @@ class EngineStep:
     forward_host_us: int | None = None
 
 
+def _unescaped_id(request_id: str) -> str:
+    """A request id from a step's id list: the SDK percent-encodes a "," in an id (the
+    list's separator) and every "%" (instrumentation/_steps.py `_escaped_id`)."""
+    if "%" not in request_id:
+        return request_id
+    return request_id.replace("%2C", ",").replace("%25", "%")
+
+
 def _at(values: Any, i: int, default: Any) -> Any:
     try:
         return values[i]
@@ -248,7 +256,7 @@ def extract_engine_steps(spans: Sequence[Span]) -> list[EngineStep]:
                     queue_depth=_count(_at(queues, i, 0)),
                     kv_usage=_known(_at(kvs, i, -1)),
                     gpu_us=None if gpu is None else int(gpu),
-                    request_ids=[r for r in str(ids).split(",") if r],
+                    request_ids=[_unescaped_id(r) for r in str(ids).split(",") if r],
                     forward_host_us=None if host is None else int(host),
                 )
             )

@@ -43,6 +43,9 @@ from tokentrace.instrumentation._safety import count_or_zero, describe, log_once
 from tokentrace.instrumentation._tally import DeviceTally
 
 _propagator = TraceContextTextMapPropagator()
+_get_current_span = trace.get_current_span
+#: the parent of a request that starts a trace of its own (whatever span is current)
+_NEW_TRACE = otel_context.Context()
 _current: contextvars.ContextVar[RequestTrace | None] = contextvars.ContextVar(
     "tokentrace_request", default=None
 )
@@ -136,7 +139,14 @@ def _parent_from_headers(headers: Any) -> otel_context.Context | None:
         carrier = headers if headers.__class__ is dict else dict(headers)
         value = carrier.get("traceparent")
         if value.__class__ is not str:  # not the usual: lower-case text
-            if value is not None or b"traceparent" in carrier:  # bytes (raw ASGI headers)
+            if value is None and "HTTP_TRACEPARENT" in carrier:
+                # a WSGI environ (PEP 3333: `HTTP_` and the name upper-cased, `_` for `-`)
+                wsgi = (("traceparent", "HTTP_TRACEPARENT"), ("tracestate", "HTTP_TRACESTATE"))
+                carrier = {
+                    name: carrier[key] for name, key in wsgi if isinstance(carrier.get(key), str)
+                }
+                named = False
+            elif value is not None or b"traceparent" in carrier:  # bytes (raw ASGI headers)
                 named = True
             else:  # another case (`TRACEPARENT`), or none
                 try:
@@ -260,7 +270,20 @@ class RequestTrace(DeviceTally):
         # span is built (by the finisher, off the host's thread), or when asked for.
         self._raw = (name, model, tenant, traffic_class, attributes, cold)
         self._attrs: dict[str, Any] | None = None
-        self._parent = None if headers is None else _parent_from_headers(headers)
+        if headers is None:
+            # no caller named: the span current here is the parent (a host's own SERVER
+            # span from its framework's instrumentation, an in-process client's span);
+            # not inside another request (a re-entrant handler): that one would read as
+            # this one's caller, its time before this one as network, so a trace of its own
+            self._parent: otel_context.Context | None
+            if _current.get() is not None:
+                self._parent = _NEW_TRACE
+            else:
+                parent = otel_context.get_current()
+                valid = _get_current_span(parent).get_span_context().is_valid
+                self._parent = parent if valid else None
+        else:
+            self._parent = _parent_from_headers(headers)
         self._span: trace.Span | None = None
         if tracing.pending_ids is None:  # the host's own provider or sampler: at once
             self._span = tracing.tracer.start_span(

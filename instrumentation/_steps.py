@@ -143,9 +143,9 @@ class StepRecorder(QueueFlusher["_StepRecord | EngineStep"]):
                 unique = list(dict.fromkeys(ids))
                 batch_size.append(len(unique))
                 try:
-                    request_ids.append(",".join(unique))
+                    request_ids.append(_checked_ids(",".join(unique), unique))
                 except TypeError:  # ids that are not strings (ints, UUIDs): as text
-                    request_ids.append(",".join(map(str, unique)))
+                    request_ids.append(_joined_ids(unique))
             else:
                 batch_size.append(rec[4])
                 request_ids.append(ids)
@@ -445,14 +445,32 @@ def current_step() -> EngineStep | None:
     return _current_step.get()
 
 
+def _escaped_id(request_id: str) -> str:
+    """An id as a step's id list carries it: its "," (the list's separator) and "%"
+    percent-encoded (the analyzer decodes them: analyzer/engine_steps.py)."""
+    return request_id.replace("%", "%25").replace(",", "%2C")
+
+
+def _checked_ids(joined: str, request_ids: Any) -> str:
+    """Gives `joined` (`request_ids` joined by ","), or the ids escaped where one holds a
+    "," or a "%" (a request "a,b" read as the two requests "a" and "b")."""
+    try:
+        n = len(request_ids)
+    except TypeError:  # an iterator, consumed by the join: its ids as joined
+        return joined
+    if "%" not in joined and joined.count(",") == n - 1:
+        return joined
+    return ",".join([_escaped_id(rid) for rid in request_ids])
+
+
 def _joined_ids(request_ids: Any) -> str:
     """Gives `record_step`'s request ids joined by "," when they are not all strings."""
     if request_ids is None:
         return ""
     try:
-        return ",".join(map(str, request_ids))
+        return ",".join([_escaped_id(str(rid)) for rid in request_ids])
     except TypeError:  # one id, not a sequence of them
-        return str(request_ids)
+        return _escaped_id(str(request_ids))
 
 
 def record_step(
@@ -474,11 +492,16 @@ def record_step(
     """
     if request_ids.__class__ is str:
         ids = request_ids  # one id (or ids already joined by ","), not its characters
+        if "%" in ids:
+            ids = ids.replace("%", "%25")
     else:
         try:
             ids = ",".join(request_ids)
         except TypeError:  # ids that are not strings, or None: as text
             ids = _joined_ids(request_ids)
+        else:
+            if "," in ids or "%" in ids:
+                ids = _checked_ids(ids, request_ids)
     recorder.append(
         (
             start_ns,
