@@ -15,6 +15,7 @@ import weakref
 from collections import deque
 from typing import Generic, TypeVar
 
+from tokentrace.instrumentation._config import register_exit_flush
 from tokentrace.instrumentation._safety import log_once
 
 _T = TypeVar("_T")
@@ -85,10 +86,14 @@ class QueueFlusher(Generic[_T]):
 
     def _start(self) -> None:
         with self._thread_lock:
-            if self._thread is None:
-                t = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread = t
-                t.start()
+            if self._thread is not None:
+                return
+            t = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread = t
+            t.start()
+        # once a queue and process (a forked child starts its own thread): the thread
+        # is a daemon, so exit builds and exports what waits, configured or not
+        register_exit_flush(_work_waits)
 
     def _run(self) -> None:
         while True:
@@ -107,6 +112,11 @@ class QueueFlusher(Generic[_T]):
         self._wake = threading.Event()
         self._flush_lock = threading.Lock()
         self._thread_lock = threading.Lock()
+
+
+def _work_waits() -> bool:
+    """Whether any queue holds items (what exit must still build and export)."""
+    return any(flusher._items for flusher in list(_live))
 
 
 def _reset_all_after_fork() -> None:

@@ -32,6 +32,9 @@ ENV_SERVICE_NAME = "TOKENTRACE_SERVICE_NAME"
 ENV_PROTOCOL = "TOKENTRACE_PROTOCOL"
 ENV_RECORD_CONTENT = "TOKENTRACE_RECORD_CONTENT"
 ENV_DISABLED = "TOKENTRACE_DISABLED"
+#: OpenTelemetry's switch for the whole SDK (only "true" turns it off, as OpenTelemetry
+#: reads it): its tracers make no spans then, and tokentrace exports nothing either
+ENV_OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
 #: Standard OpenTelemetry variables honoured as fallbacks: a per-signal one
 #: (`…_TRACES_…`, `…_METRICS_…`) before the general one, as OpenTelemetry's own
 #: exporters read them; `OTEL_RESOURCE_ATTRIBUTES`' `service.name` after `OTEL_SERVICE_NAME`.
@@ -55,6 +58,15 @@ DEFAULT_COLD_START_IDLE_S = 300.0
 
 def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _disabled_by_env() -> bool:
+    """Whether the environment turns the SDK off: `TOKENTRACE_DISABLED`, or
+    OpenTelemetry's `OTEL_SDK_DISABLED=true` (under which its tracers make no spans,
+    and GPU samples, which tokentrace exports itself, went out all the same)."""
+    env = os.environ
+    otel = (env.get(ENV_OTEL_SDK_DISABLED) or "").strip().lower() == "true"
+    return otel or _truthy(env.get(ENV_DISABLED))
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +148,7 @@ class Settings:
             record_content=record_content
             if record_content is not None
             else _truthy(env.get(ENV_RECORD_CONTENT)),
-            disabled=disabled if disabled is not None else _truthy(env.get(ENV_DISABLED)),
+            disabled=disabled if disabled is not None else _disabled_by_env(),
             cold_start_requests=cold_n,
             cold_start_idle_s=cold_idle,
             traces_endpoint=_resolve_signal_endpoint(
@@ -376,6 +388,93 @@ def _run_flush_hooks() -> None:
             log_once(f"flush hook {getattr(hook, '__qualname__', hook)!s}", exc)
 
 
+#: Whether work waits in a queue (engine steps, finished requests, GPU samples):
+#: added as each queue's daemon thread starts (`register_exit_flush`).
+_waiting_checks: list[Callable[[], object]] = []
+#: the pid that registered `_at_exit` through `register_exit_flush` (once per process)
+_exit_flush_pid: int | None = None
+
+
+def register_exit_flush(work_waits: Callable[[], object]) -> None:
+    """Has this process's exit build and export what its queues hold, also where
+    nothing configured the SDK: called when a queue's daemon thread starts (once a
+    queue and process: never on the hot path, never at import).
+
+    Recording an engine step or a GPU sample configures nothing (the flusher's
+    first pass did, a second later), and without `configure()` no exit handler
+    was registered: a process that only records steps (an engine core, forked or
+    spawned) and exits before lost them all.  `work_waits` says whether anything
+    waits; where it does and nothing configured the SDK, it is configured as first
+    use would when the main thread ends, or in `shutdown()` (which atexit, or a
+    multiprocessing child's exit finalizers, run).
+    """
+    global _exit_flush_pid
+    if work_waits not in _waiting_checks:
+        _waiting_checks.append(work_waits)
+    pid = os.getpid()
+    if _exit_flush_pid == pid:
+        return
+    try:
+        with _lock:
+            if _exit_flush_pid == pid:
+                return
+            _exit_flush_pid = pid
+            # after a host provider's atexit shutdown registered before, so run before it
+            atexit.unregister(_at_exit)
+            atexit.register(_at_exit)
+        _configure_when_the_main_thread_ends()
+        _flush_at_multiprocessing_exit()  # where atexit does not run: a multiprocessing child
+    except Exception as exc:  # the SDK's own failure must never reach the host
+        log_once("exit flush", exc)
+
+
+def _configure_when_the_main_thread_ends() -> None:
+    """Has the SDK configured, where work waits and nothing configured it, when the
+    main thread ends: by atexit it can no longer be (`Resource.create` runs its
+    detectors on a `ThreadPoolExecutor`, which takes no work once the interpreter
+    began joining its threads, before atexit).  `threading`'s own exit callbacks
+    run then, last registered first: `concurrent.futures`' (which shuts its executors)
+    is registered before this one, so runs after it."""
+    import concurrent.futures.thread  # noqa: F401 - registers its exit callback now
+
+    register = getattr(threading, "_register_atexit", None)  # CPython 3.9+
+    if register is not None:
+        register(_configure_at_exit)
+
+
+def _configure_at_exit() -> None:
+    try:
+        _configure_for_waiting_work()
+    except Exception as exc:  # the SDK's own failure must never reach the host
+        log_once("configure at exit", exc)
+
+
+def _work_waits() -> bool:
+    for check in list(_waiting_checks):
+        try:
+            if check():
+                return True
+        except Exception as exc:  # the SDK's own failure must never reach the host
+            log_once("exit flush: what waits", exc)
+    return False
+
+
+def _configure_for_waiting_work() -> None:
+    """Configures the SDK as its first use would where work waits in its queues and
+    nothing configured it in this process: a process that only recorded engine steps
+    or GPU samples, or a fork child (whose configuration is made again on first use).
+    Not after `shutdown()`, nor where the SDK is disabled: nothing is made then."""
+    if _tracing is not None or _shut_down is not None or _disabled is not None:
+        return
+    if not _work_waits():
+        return
+    forked_from = _forked_from
+    disabled = None if forked_from is None else forked_from.get("disabled")
+    if disabled if disabled is not None else _disabled_by_env():
+        return
+    get_tracing()
+
+
 def configure(
     endpoint: str | None = None,
     service_name: str | None = None,
@@ -587,12 +686,18 @@ if hasattr(os, "register_at_fork"):  # POSIX
 def shutdown() -> None:
     """Flushes and stops the exporter; safe to call twice.
 
-    Returns within `SHUTDOWN_TIMEOUT_S` (5 s) plus the flush hooks, collector
-    down or not: what is not sent by then is dropped.  Until `configure()` is
-    called again, what the SDK records is not exported.
+    What waits in the SDK's queues is built into spans and exported first: where
+    nothing configured the SDK in this process (only engine steps or GPU samples
+    recorded, or a fork child that has not used it yet) it is configured for that
+    as first use would, from the environment (a fork child: from the parent's
+    `configure()` arguments); unless disabled.  Returns within `SHUTDOWN_TIMEOUT_S`
+    (5 s) plus the flush hooks, collector down or not: what is not sent by then is
+    dropped.  Until `configure()` is called again, what the SDK records is not
+    exported.
     """
     global _tracing, _shut_down, _disabled
     deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
+    _configure_for_waiting_work()  # queued, never configured: as first use would
     if _tracing is not None:
         _run_flush_hooks()
     with _lock:
@@ -630,11 +735,12 @@ def flush_before_exit(timeout_s: float = SHUTDOWN_TIMEOUT_S) -> bool:
     `shutdown()`: a host may go on using the SDK after an app's lifespan ends
     (Starlette's `TestClient` runs one per `with`, a program may serve again).
     Waits on the collector `timeout_s` at most; building the waiting spans runs
-    on the caller's thread.  Nothing is configured here (a process that never
-    used the SDK has nothing to send).
+    on the caller's thread.  Nothing is configured here but where work waits that
+    nothing configured (engine steps only: `shutdown()`'s case).
     """
     deadline = time.monotonic() + timeout_s
     ok = True
+    _configure_for_waiting_work()
     tracing = _tracing
     if tracing is not None:
         ok = tracing.force_flush(int(timeout_s * 1000))

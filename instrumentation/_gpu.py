@@ -20,7 +20,12 @@ from typing import Any, NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 from tokentrace.instrumentation import semconv
-from tokentrace.instrumentation._config import add_flush_hook, get_tracing, logger
+from tokentrace.instrumentation._config import (
+    add_flush_hook,
+    get_tracing,
+    logger,
+    register_exit_flush,
+)
 from tokentrace.instrumentation._export import Breaker
 from tokentrace.instrumentation._safety import log_once
 
@@ -371,6 +376,9 @@ def start_gpu_sampler(
         _active.stop()
     if backend is not None:
         _active = sampler.start()
+        if export:
+            # its exporter thread is a daemon: exit ships what waits, configured or not
+            register_exit_flush(_samples_wait)
     return sampler
 
 
@@ -378,6 +386,12 @@ def gpu_summary(start_ns: int, end_ns: int) -> dict[str, Any] | None:
     """Gives the running sampler's summary of a window, or None when none runs."""
     sampler = _active
     return None if sampler is None else sampler.summary(start_ns, end_ns)
+
+
+def _samples_wait() -> bool:
+    """Whether the running sampler holds samples not yet exported."""
+    sampler = _active
+    return sampler is not None and bool(sampler._outbox)
 
 
 def _flush_active() -> None:
