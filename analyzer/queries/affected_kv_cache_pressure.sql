@@ -1,9 +1,16 @@
--- Requests arriving in slices (? ns) where their own engine's (service and instance) KV
--- usage reached ? (steps in [?, ?]), most queued first.
+-- Requests arriving in slices (? ns) where their own engine's (`request_engine`: their
+-- instance, or the engine process whose steps name them) KV usage reached ? (steps in
+-- [?, ?]), most queued first.
 WITH hot AS (
     SELECT DISTINCT service, instance, start_ns // ? AS slice FROM engine_steps
     WHERE kv_usage >= ? AND start_ns BETWEEN ? AND ?
-)
-SELECT trace_id, kept FROM req SEMI JOIN hot
-    ON req.service = hot.service AND req.instance = hot.instance AND req.start_ns // ? = hot.slice
+),
+asked AS (
+    SELECT trace_id, request_id, service, instance, kept, queue_ms, e2e_ms,
+           start_ns AS t0, start_ns + CAST(e2e_ms * 1e6 AS BIGINT) AS t1
+    FROM req
+),
+{request_engines}
+SELECT DISTINCT trace_id, kept, queue_ms, e2e_ms FROM request_engine e SEMI JOIN hot
+    ON e.service = hot.service AND e.engine = hot.instance AND e.t0 // ? = hot.slice
 ORDER BY queue_ms DESC, e2e_ms DESC LIMIT 5000

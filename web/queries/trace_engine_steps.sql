@@ -1,5 +1,12 @@
--- Engine steps of the request's service that overlap [$2, $3], with whether
--- each one served request $1.  $4 is the service, $5 the instance ('' = any).
+-- Engine steps of the request's engine that overlap [$2, $3], with whether each one
+-- served request $1.  $4 is the service, $5 the instance ('' = any); the engine is
+-- `request_engine`'s (analyzer/queries/request_engines.sql): its own instance if that one
+-- recorded steps in [$2, $3], else those whose steps name the request then, else its own.
+WITH asked AS (
+    SELECT '' AS trace_id, $1 AS request_id, $4 AS service, $5 AS instance,
+           CAST($2 AS BIGINT) AS t0, CAST($3 AS BIGINT) AS t1
+),
+{request_engines}
 SELECT
     start_ns,
     duration_us,
@@ -16,5 +23,5 @@ FROM engine_steps
 WHERE start_ns <= $3
   AND start_ns + duration_us * 1000 >= $2
   AND (service = $4 OR $4 = '')
-  AND (instance = $5 OR $5 = '')
+  AND (instance IN (SELECT engine FROM request_engine) OR $5 = '')
 ORDER BY start_ns
