@@ -235,3 +235,50 @@ class ThreadServer:
         self.thread.join(10)
         if not self.thread.is_alive():  # (uvicorn closes it as it stops: never under its feet)
             self.sock.close()  # closed already when uvicorn served on it; not when it never did
+
+
+class OtlpHttpSink:
+    """An OTLP/HTTP endpoint on 127.0.0.1 that keeps each export's path and body (what
+    the SDK sent where); answers 200, or 404 on a path outside `paths` (None: any path).
+
+    Bound on port 0 at once: a port picked first could be taken before the bind."""
+
+    def __init__(self, paths: tuple[str, ...] | None = None) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.posts: list[tuple[str, bytes]] = []
+        self._lock = lock = threading.Lock()
+        posts = self.posts
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                kept = paths is None or self.path in paths
+                if kept:
+                    with lock:
+                        posts.append((self.path, body))
+                self.send_response(200 if kept else 404)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def bodies(self, path: str | None = None) -> list[bytes]:
+        """The bodies sent (to `path`, or anywhere), in order."""
+        with self._lock:
+            return [body for p, body in self.posts if path is None or p == path]
+
+    def paths(self) -> set[str]:
+        with self._lock:
+            return {p for p, _ in self.posts}
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -402,7 +402,7 @@ def test_gpu_sampler_sends_nothing_when_disabled(metrics) -> None:  # type: igno
     sampler = _gpu.GpuSampler(FakeNvml(), export=False)
     sampler.sample_once()
     assert sampler.export_now() == 0
-    assert metrics.bodies == []
+    assert metrics.requests == []
 
 
 def test_gpu_sampler_sends_nothing_after_shutdown(metrics) -> None:  # type: ignore[no-untyped-def]
@@ -413,7 +413,7 @@ def test_gpu_sampler_sends_nothing_after_shutdown(metrics) -> None:  # type: ign
     tt.shutdown()
     sampler.sample_once()
     assert sampler.export_now() == 0
-    assert len(metrics.bodies) == 1
+    assert len(metrics.requests) == 1
 
 
 def test_gpu_sampler_pauses_after_a_failed_export() -> None:

@@ -14,10 +14,8 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from tt_testkit import free_port
+from tt_testkit import OtlpHttpSink, free_port
 
 from tokentrace.instrumentation import semconv as sc
 
@@ -36,55 +34,29 @@ BOUND_S = 10.0
 STEPS = 5
 
 
-class Receiver:
-    """An OTLP/HTTP endpoint on 127.0.0.1 that keeps the spans it is sent (name,
-    attributes, resource attributes) and counts the GPU sample points."""
+class Receiver(OtlpHttpSink):
+    """A sink for what children export: the spans (name, attributes, resource attributes)
+    and the number of GPU sample points."""
 
-    def __init__(self) -> None:
-        self.spans: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
-        self.metric_points = 0
-        lock = threading.Lock()
-        outer = self
+    @property
+    def spans(self) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+        return [
+            (s.name, _attrs(s.attributes), _attrs(rs.resource.attributes))
+            for body in self.bodies("/v1/traces")
+            for rs in ExportTraceServiceRequest.FromString(body).resource_spans
+            for ss in rs.scope_spans
+            for s in ss.spans
+        ]
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if self.path == "/v1/traces":
-                    got = [
-                        (s.name, _attrs(s.attributes), _attrs(rs.resource.attributes))
-                        for rs in ExportTraceServiceRequest.FromString(body).resource_spans
-                        for ss in rs.scope_spans
-                        for s in ss.spans
-                    ]
-                    with lock:
-                        outer.spans.extend(got)
-                elif self.path == "/v1/metrics":
-                    req = ExportMetricsServiceRequest.FromString(body)
-                    points = sum(
-                        len(m.gauge.data_points)
-                        for rm in req.resource_metrics
-                        for sm in rm.scope_metrics
-                        for m in sm.metrics
-                    )
-                    with lock:
-                        outer.metric_points += points
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        # port 0: bound here, at once (a port picked first could be taken before the bind)
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    @property
+    def metric_points(self) -> int:
+        return sum(
+            len(m.gauge.data_points)
+            for body in self.bodies("/v1/metrics")
+            for rm in ExportMetricsServiceRequest.FromString(body).resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+        )
 
     def steps(self, request_id: str) -> list[dict[str, Any]]:
         """Gives the resource of every step naming `request_id`, one entry a step."""

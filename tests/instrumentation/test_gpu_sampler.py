@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tt_testkit import OtlpHttpSink
 
 from tokentrace import instrumentation as tt
 from tokentrace.instrumentation import _gpu, _safety
@@ -39,34 +38,15 @@ class FakeNvml:
         self.closed = True
 
 
-class MetricsReceiver:
+class MetricsReceiver(OtlpHttpSink):
     """An OTLP/HTTP metrics endpoint on 127.0.0.1 that keeps what it is sent."""
 
     def __init__(self) -> None:
-        self.bodies: list[ExportMetricsServiceRequest] = []
-        received = self.bodies
+        super().__init__(paths=("/v1/metrics",))
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if self.path == "/v1/metrics":
-                    received.append(ExportMetricsServiceRequest.FromString(body))
-                self.send_response(200 if self.path == "/v1/metrics" else 404)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        # port 0: bound here, at once (a port picked first could be taken before the bind)
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    @property
+    def requests(self) -> list[ExportMetricsServiceRequest]:
+        return [ExportMetricsServiceRequest.FromString(b) for b in self.bodies("/v1/metrics")]
 
 
 @pytest.fixture
@@ -86,7 +66,7 @@ def test_samples_ship_as_otlp_gauges_with_their_own_timestamps(receiver) -> None
     sampler.sample_once()
     assert sampler.export_now() == 4
     assert sampler.export_now() == 0  # nothing queued twice
-    (body,) = receiver.bodies
+    (body,) = receiver.requests
     rm = body.resource_metrics[0]
     assert {kv.key: kv.value.string_value for kv in rm.resource.attributes}[
         "service.name"
@@ -126,7 +106,7 @@ def test_running_sampler_exports_and_summarizes_requests(receiver) -> None:  # t
     assert req.request_id == span.attributes[sc.REQUEST_ID]
     points = sum(
         len(m.gauge.data_points)
-        for b in receiver.bodies
+        for b in receiver.requests
         for m in b.resource_metrics[0].scope_metrics[0].metrics
         if m.name == sc.METRIC_GPU_UTIL
     )
@@ -248,7 +228,7 @@ def test_real_nvml_samples_this_machine(receiver) -> None:  # type: ignore[no-un
     sampler.stop()
     assert sampler.samples_taken >= 2 and sampler.samples_exported == sampler.samples_taken
     metrics = {
-        m.name: m for b in receiver.bodies for m in b.resource_metrics[0].scope_metrics[0].metrics
+        m.name: m for b in receiver.requests for m in b.resource_metrics[0].scope_metrics[0].metrics
     }
     total = metrics[sc.METRIC_GPU_MEM_TOTAL].gauge.data_points[0].as_int
     assert total > GIB

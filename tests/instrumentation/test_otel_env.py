@@ -14,16 +14,14 @@ through the variable under test, while the others name a port nothing listens on
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from tt_testkit import free_port
+from tt_testkit import OtlpHttpSink, free_port
 
 from tests.instrumentation.test_gpu_sampler import FakeNvml
 from tokentrace import instrumentation as tt
@@ -47,50 +45,18 @@ _ENV = (
 )
 
 
-class Receiver:
-    """An OTLP/HTTP receiver on 127.0.0.1 that answers 200 on every path and keeps
-    each export's path and body: where the SDK sent what."""
-
-    def __init__(self) -> None:
-        self.posts: list[tuple[str, bytes]] = []
-        lock = threading.Lock()
-        posts = self.posts
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                with lock:
-                    posts.append((self.path, body))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        # port 0: bound here, at once
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def paths(self) -> set[str]:
-        return {path for path, _ in self.posts}
+class Receiver(OtlpHttpSink):
+    """A sink that answers 200 on every path: where the SDK sent what."""
 
     def trace_services(self) -> set[str]:
         """The `service.name` of every resource in the spans it was sent."""
-        requests = [ExportTraceServiceRequest.FromString(body) for _, body in self.posts]
+        requests = [ExportTraceServiceRequest.FromString(body) for body in self.bodies()]
         return {_service(rs.resource) for r in requests for rs in r.resource_spans}
 
     def metric_services(self) -> set[str]:
         """The `service.name` of every resource in the metrics it was sent."""
-        requests = [ExportMetricsServiceRequest.FromString(body) for _, body in self.posts]
+        requests = [ExportMetricsServiceRequest.FromString(body) for body in self.bodies()]
         return {_service(rm.resource) for r in requests for rm in r.resource_metrics}
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _service(resource: Any) -> str:
