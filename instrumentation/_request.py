@@ -532,7 +532,7 @@ class RequestTrace(DeviceTally):
 
     def _emit_children(self, span: trace.Span, phases: list[tuple[str, int, int]]) -> None:
         """Builds a child span per phase; a phase run more than `PHASE_SPANS_MAX` times
-        (a streaming server's `decode` per token) is summarized on `span` instead:
+        (a streaming server's detokenize, `tok.decode` per token) is summarized on `span`:
         its calls and their summed time (`semconv.PHASE_CALLS_SUFFIX`), no spans."""
         tracer = self._tracing.tracer
         ctx = trace.set_span_in_context(span)
