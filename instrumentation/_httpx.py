@@ -1,5 +1,12 @@
 """httpx integration: a client span + `traceparent` per request, chunk times when streamed.
 
+A chunk is what the user waits for.  Of a `text/event-stream` response it is an
+event that carries a token (`_client.sse_data_is_token`), timed at the read that
+completed it (several in one read share that read's time): the role-only first
+delta, keep-alive comments and Anthropic's `message_start` / `ping` arrive before
+the first token and would set TTFT (user).  Any other streamed body (and an event
+stream sent compressed, whose bytes cannot be read here) gets a chunk per read.
+
 httpx is imported only when `instrument_httpx()` is called.  `httpx2` (the
 next major httpx, under its own import name; what `openai` 3 builds its clients
 on) has the same API and is traced the same way: a client of either is
@@ -56,8 +63,9 @@ def _streams(package: str) -> tuple[type, type]:
             def __iter__(self) -> Iterator[bytes]:
                 self._reading = True
                 try:
+                    read = self._client._read
                     for chunk in self._inner:
-                        self._client.chunk()
+                        read(chunk)
                         yield chunk
                 except BaseException as exc:
                     _end_early(self._client, exc)
@@ -80,8 +88,9 @@ def _streams(package: str) -> tuple[type, type]:
             async def __aiter__(self) -> AsyncIterator[bytes]:
                 self._reading = True
                 try:
+                    read = self._client._read
                     async for chunk in self._inner:
-                        self._client.chunk()
+                        read(chunk)
                         yield chunk
                 except BaseException as exc:
                     _end_early(self._client, exc)
@@ -219,11 +228,21 @@ def _after_response(cr: ClientRequest, response: Any, streaming: bool, async_: b
             cr.record_error(HttpStatusError(f"HTTP {response.status_code}"))
         if streaming:
             sync_cls, async_cls = _streams(_package_of(response))
+            if _is_event_stream(response.headers):
+                cr._parse_sse()
             response.stream = (async_cls if async_ else sync_cls)(response.stream, cr)
             return
     except Exception as exc:
         log_once("httpx response", exc)
     cr.finish()
+
+
+def _is_event_stream(headers: Any) -> bool:
+    """Whether a response is a server-sent-events stream read as sent (`text/event-stream`,
+    no `content-encoding`: compressed bytes are decoded past our stream, not in it)."""
+    media = headers.get("content-type", "").partition(";")[0].strip().lower()
+    encoding = headers.get("content-encoding", "").strip().lower()
+    return media == "text/event-stream" and encoding in ("", "identity")
 
 
 def _sync_send(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:

@@ -217,6 +217,7 @@ class RequestTrace(DeviceTally):
         "_batches",
         "_phases",
         "_open",
+        "_inside",
         "_finished",
         "_ctx_token",
         "_otel_ctx",
@@ -254,6 +255,9 @@ class RequestTrace(DeviceTally):
         self._batches: list[list[int]] | None = None
         self._phases: list[tuple[str, int, int]] = []
         self._open: dict[str, int] = {}
+        #: names of the `phase()` blocks open now, one entry per block (a wrapped
+        #: tokenizer called inside `with req.phase("tokenize")` does not time itself)
+        self._inside: list[str] = []
         self._finished = False
         self._ctx_token: _Activation | None = None
         #: (the OpenTelemetry context it was entered from, that context with its span current)
@@ -335,11 +339,14 @@ class RequestTrace(DeviceTally):
     @contextmanager
     def phase(self, phase: str) -> Iterator[None]:
         """Times the body as one phase of this request."""
+        inside = self._inside
+        inside.append(phase)  # (append and remove: one C call each, safe across threads)
         start = time.monotonic_ns()
         try:
             yield
         finally:
             self._phases.append((phase, start, time.monotonic_ns()))
+            inside.remove(phase)
 
     # ---- cold path ---------------------------------------------------------
     def set_attribute(self, key: str, value: Any) -> None:

@@ -31,7 +31,11 @@ DETOKENIZE_METHODS = frozenset({"decode", "decode_batch", "batch_decode"})
 
 def _timed_call(phase: str, fn: Any, request: RequestTrace | None, args: Any, kwargs: Any) -> Any:
     req = request if request is not None else _current_request()
-    if req is None:
+    if req is None or phase in req._inside or phase in req._open:
+        # outside a request; or inside the same phase already open on it (`with
+        # req.phase("tokenize"): tok.encode(...)`, as the README shows, or a `start_phase`
+        # not yet ended): that phase covers the call, and timed again here the request
+        # would count it twice (two overlapping spans, or a doubled `.total_us`)
         return fn(*args, **kwargs)
     start = time.monotonic_ns()
     try:
@@ -66,6 +70,10 @@ class _TimedMethod(wrapt.ObjectProxy):  # type: ignore[misc]
 
 class TokenizerProxy(wrapt.ObjectProxy):  # type: ignore[misc]
     """Behaves as the wrapped tokenizer; encode/decode calls are timed.
+
+    A call made while the request already has that phase open (`with
+    req.phase("tokenize")`, `@tt.phase("detokenize")`, `start_phase`) is not timed
+    again: the open phase already holds its time.
 
     Sync calls are timed directly; an async tokenizer's (`async def encode`)
     until its coroutine completes, on the request current where it was called.
