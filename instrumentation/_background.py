@@ -28,6 +28,15 @@ def yield_gil() -> None:
     time.sleep(0)
 
 
+#: a flusher hands the GIL over after this much of its work (about one 64-token request's
+#: spans), not after every item: a host busy in Python keeps the GIL it is handed for a
+#: whole switch interval (5 ms), so a yield per item capped a flusher of small requests
+#: at ~200 a second while the host finished more, and its queue grew without bound
+YIELD_EVERY_NS = 500_000
+
+_perf_ns = time.perf_counter_ns
+
+
 _live: weakref.WeakSet[QueueFlusher[object]] = weakref.WeakSet()
 
 
@@ -41,8 +50,12 @@ class QueueFlusher(Generic[_T]):
         max_pending: int,
         wake_at: int,
         drop_oldest: bool = False,
+        catch_up_at: int | None = None,
     ) -> None:
         self._name = name
+        #: from this many waiting items on, the flusher keeps the GIL (`_yield_gil`)
+        self._catch_up_at = 4 * wake_at if catch_up_at is None else catch_up_at
+        self._yield_at = 0
         self._drop_oldest = drop_oldest
         #: items dropped from a full queue (with `drop_oldest`), not yet reported
         self.dropped = 0
@@ -83,6 +96,18 @@ class QueueFlusher(Generic[_T]):
     def flush(self, final: bool = True) -> int:
         """Turns what is queued into spans; gives how many items went."""
         raise NotImplementedError
+
+    def _yield_gil(self) -> None:
+        """Between two items of a flush that is not the last: hands the GIL to the
+        host (`yield_gil`) once `YIELD_EVERY_NS` of flushing have passed since the last
+        time — unless `catch_up_at` items wait: the host then makes work faster than
+        a flusher that keeps yielding builds it, and the flusher catches up, handing
+        the GIL over at Python's switch interval like any thread."""
+        if len(self._items) >= self._catch_up_at:
+            return
+        if _perf_ns() >= self._yield_at:
+            yield_gil()
+            self._yield_at = _perf_ns() + YIELD_EVERY_NS
 
     def _start(self) -> None:
         with self._thread_lock:

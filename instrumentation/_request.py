@@ -33,7 +33,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from tokentrace.instrumentation import _cold_start as cold_start
 from tokentrace.instrumentation import semconv
-from tokentrace.instrumentation._background import QueueFlusher, yield_gil
+from tokentrace.instrumentation._background import QueueFlusher
 from tokentrace.instrumentation._config import add_flush_hook, get_tracing
 from tokentrace.instrumentation._errors import record_error
 from tokentrace.instrumentation._forward import poll_device_timings
@@ -334,7 +334,9 @@ class RequestTrace(DeviceTally):
         if start is not None:
             self._phases.append((phase, start, time.monotonic_ns()))
         elif not self._finished:  # (after finish() a phase is no longer this request's)
-            log_once(f"end_phase({phase!r}) without start_phase({phase!r})", detail=" (ignored)")
+            # one key for every phase: a host's names (maybe made per request) would
+            # each log once more and stay in the set of logged sites for good
+            log_once("end_phase() without start_phase()", detail=f" ({phase!r}: ignored)")
 
     @contextmanager
     def phase(self, phase: str) -> Iterator[None]:
@@ -694,7 +696,7 @@ class RequestFinisher(QueueFlusher[_Finishing]):
                 req._complete(end_mono, phases, n_tokens, cuts)
                 done += 1
                 if not final:
-                    yield_gil()
+                    self._yield_gil()
             return done
 
 

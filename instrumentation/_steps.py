@@ -18,7 +18,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
 
 from tokentrace.instrumentation import semconv
-from tokentrace.instrumentation._background import QueueFlusher, yield_gil
+from tokentrace.instrumentation._background import QueueFlusher
 from tokentrace.instrumentation._config import add_flush_hook, get_tracing
 from tokentrace.instrumentation._forward import poll_device_timings
 from tokentrace.instrumentation._safety import log_once
@@ -110,7 +110,7 @@ class StepRecorder(QueueFlusher["_StepRecord | EngineStep"]):
             for i in range(0, len(batch), MAX_STEPS_PER_SPAN):
                 self._emit(batch[i : i + MAX_STEPS_PER_SPAN])
                 if not final:
-                    yield_gil()
+                    self._yield_gil()
             return len(batch)
 
     def _emit(self, batch: list[_StepRecord]) -> None:

@@ -222,9 +222,23 @@ def test_request_arguments_of_the_wrong_type(memory_sdk, caplog) -> None:  # typ
     assert span.attributes[sc.PROMPT_TOKENS] == 17
     assert span.attributes[sc.OUTPUT_TOKENS] == 5  # "lots" is no count: the token times are
     logged = _warnings(caplog)
-    assert any("end_phase('prefil-typo') without start_phase" in m for m in logged)
+    assert any("end_phase() without start_phase() ('prefil-typo': ignored)" in m for m in logged)
     assert any("gen_ai.usage.output_tokens is not a number" in m for m in logged)
     assert any("count is not a number (None" in m for m in logged)
+
+
+def test_end_phase_misuse_is_logged_once_whatever_the_phase(memory_sdk, caplog) -> None:  # type: ignore[no-untyped-def]
+    from tokentrace.instrumentation import _safety
+
+    caplog.set_level(logging.WARNING)
+    seen = len(_safety._seen)
+    with tt.request() as req:
+        for i in range(50):  # names made per request (a phase per tool call, say)
+            req.end_phase(f"tool-{i}")
+    logged = [m for m in _warnings(caplog) if "without start_phase" in m]
+    assert logged == ["tokentrace: end_phase() without start_phase() ('tool-0': ignored) "
+                      "(further ones are not logged)"]  # fmt: skip
+    assert len(_safety._seen) == seen + 1  # one site kept, not one per name
 
 
 @pytest.mark.parametrize(
