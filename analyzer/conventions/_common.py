@@ -82,6 +82,7 @@ def build_summary(
     reader: ValueReader | None = None,
     decode_measured: bool = True,
     error: bool = False,
+    stream_tokens: Sequence[int] = (),
 ) -> s.RequestSummary:
     """Gives the summary of `root` (the request's own server-side span) with `part` applied.
 
@@ -91,6 +92,8 @@ def build_summary(
     its values call for are the request's.  `decode_measured`: False when the decode
     bucket is 0 for want of a measure (then there is no TPOT either).  `error`: the
     adapter's own word that the request failed (besides an ERROR status on its spans).
+    `stream_tokens`: each stream's output tokens, when the answer is several streams
+    decoded side by side (vLLM's n > 1 samples, TGI's prompts of one completions call).
     """
     rd = reader if reader is not None else ValueReader()
     outer = [x for x in (server, client) if x is not None]
@@ -99,7 +102,8 @@ def build_summary(
     model = first((sc.REQUEST_MODEL, sc.RESPONSE_MODEL, *extra_model_keys), "")
     if not model:
         # vLLM's V1 engine and TGI name no model on their spans: the service name stands
-        # in, and the flag says so (a model column that reads `vllm.llm_engine`)
+        # in, and the flag says so (a model column that reads `unknown_service:python3`,
+        # vLLM's default, or `text-generation-inference.router`)
         flags = [*flags, s.FLAG_MODEL_UNNAMED]
     tenant = first(TENANT_KEYS, "")
     traffic = first((sc.TRAFFIC_CLASS,), "") or sc.TRAFFIC_INTERACTIVE
@@ -156,7 +160,44 @@ def build_summary(
         _flag(summary, flag)
     apply_token_times(summary, list(token_offsets_ms))
     apply_tpot(summary, decode_measured=decode_measured)
+    if len(stream_tokens) > 1:
+        apply_streams_tpot(summary, stream_tokens, decode_measured=decode_measured)
     return summary
+
+
+def apply_streams_tpot(
+    summary: s.RequestSummary, stream_tokens: Sequence[int], *, decode_measured: bool
+) -> None:
+    """Sets the TPOT of an answer made of several streams decoded side by side: the
+    decode over the longest stream's tokens, the time per token a reader of each stream
+    sees.  Over all the streams' tokens (`output_tokens`, their sum) it would read as
+    many times faster than any stream ran as there are streams."""
+    longest = max(stream_tokens)
+    summary.tpot_ms = summary.decode_ms / (longest - 1) if decode_measured and longest > 1 else None
+
+
+def below_by_child(trace: TraceView, span: Span) -> list[list[Span]]:
+    """Gives the spans below `span`, one list per child of `span` (the child first): what
+    each of its branches holds (an SGLang root's threads, a TGI handler's prompts).
+
+    One walk for all the branches, each span once: a loop of parent ids back to `span`
+    would make a walk from each child cover every branch again.
+    """
+    seen = {span.span_id}
+    branches: list[list[Span]] = []
+    for child in trace.children.get(span.span_id, ()):
+        branch: list[Span] = []
+        stack = [child]
+        while stack:
+            x = stack.pop()
+            if x.span_id in seen:
+                continue
+            seen.add(x.span_id)
+            branch.append(x)
+            stack.extend(trace.children.get(x.span_id, ()))
+        if branch:
+            branches.append(branch)
+    return branches
 
 
 def _first_attr(spans: Sequence[Span]) -> Callable[[Sequence[str], Any], Any]:

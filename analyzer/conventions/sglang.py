@@ -23,16 +23,30 @@ from a `time_in_queue` attribute (which SGLang itself does not send) only when t
 slices are missing.  The mini load balancer's `router Req …` root (and the
 `Bootstrap Room 0x…` span some releases put above the roots) is no request of its
 own: it is not summarized.
+
+With tensor parallelism every rank's scheduler records a thread span of its own
+(`Scheduler [TP 1] (…)`, attribute `tp_rank`) with the whole set of slices: one rank's
+count (`_one_rank`).  A request retracted (preempted) during decode is prefilled again
+by a second `prefill_forward` inside the still open `decode_forward`: that is decode
+time (first token → last token), and only a `prefill_forward` outside it is prefill.
+SGLang aborts a request (`TraceReqContext.abort`) with an ERROR status on the thread
+span, the root's finish reason reading `["abort"]`: both make it an error.
 """
 
 from __future__ import annotations
 
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
-from tokentrace.analyzer.conventions._common import agree, build_summary, inside_any, made_a_token
+from tokentrace.analyzer.conventions._common import (
+    agree,
+    below_by_child,
+    build_summary,
+    inside_any,
+    made_a_token,
+)
 from tokentrace.analyzer.conventions._sides import RequestSides, Sides
 from tokentrace.analyzer.conventions._values import ValueReader
-from tokentrace.analyzer.spans import Span
+from tokentrace.analyzer.spans import STATUS_ERROR, Span, list_attr
 from tokentrace.analyzer.trace_view import TraceView
 
 NAME = "sglang"
@@ -57,6 +71,9 @@ DECODE = "gen_ai.latency.time_in_model_decode"
 PROMPT_TOKENS = ("gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens")
 COMPLETION_TOKENS = ("gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens")
 REQUEST_ID = "gen_ai.request.id"
+FINISH_REASONS = "gen_ai.response.finish_reasons"
+#: The finish reason of a request SGLang aborted (the `type` of its `FINISH_ABORT` reason).
+FINISH_ABORT = "abort"
 #: Root attributes set by `trace_req_start` (python/sglang/srt/observability/trace.py).
 RID = "rid"
 BOOTSTRAP_ROOM = "bootstrap_room"
@@ -65,6 +82,10 @@ ROOM_SPAN = "Bootstrap Room"
 HOST_ID = "host_id"
 HOST_IN_NAME = "(host:"
 HOST_RESOURCE_KEYS = ("host.id", "host.name")
+#: Thread span attributes (python/sglang/srt/observability/trace.py `__create_thread_context`)
+#: and the `[TP n]` / `[PP n]` its name carries for them.
+THREAD_LABEL = "thread_label"
+RANK_KEYS = (("tp_rank", "TP"), ("pp_rank", "PP"))
 
 
 def summarize(trace: TraceView) -> list[s.RequestSummary]:
@@ -176,11 +197,20 @@ def _attr(roots: list[Span], key: str | tuple[str, ...]) -> object:
 
 
 def _summarize(trace: TraceView, roots: list[Span], sides: Sides) -> s.RequestSummary:
-    # each root's slices with its role: a decode server's decode_waiting is a queue wait
+    # each root's slices with its role: a decode server's decode_waiting is a queue wait;
+    # of each scheduler role, one rank's (every tensor-parallel rank records them all)
     by_role: dict[str, list[Span]] = {}
+    below: list[Span] = []
     for r in roots:
-        by_role.setdefault(_role(r), []).extend(trace.descendants(r))
+        branches = below_by_child(trace, r)
+        below.extend(x for branch in branches for x in branch)
+        by_role.setdefault(_role(r), []).extend(x for branch in _one_rank(branches) for x in branch)
     slices = [x for found in by_role.values() for x in found]
+    # a retracted (preempted) request is prefilled again inside the still open
+    # decode_forward (req_time_stats.py `set_prefill_finished_time`, its retract branch):
+    # decode time, as decode runs first token → last token; prefill is the first one only
+    decoding = {x.span_id for x in slices if x.name == SLICE_DECODE}
+    prefills = [x for x in slices if x.name == SLICE_PREFILL and x.parent_span_id not in decoding]
     rd = ValueReader()
     flags: list[str] = []
     e2e_ns = rd.seconds_ns(_attr(roots, E2E))
@@ -188,7 +218,7 @@ def _summarize(trace: TraceView, roots: list[Span], sides: Sides) -> s.RequestSu
         flags.append(s.FLAG_SOURCES_DISAGREE)
     names = {x.name for x in slices}
     if names & PHASE_SLICES:
-        prefill_ns = _slice_ns(slices, SLICE_PREFILL)
+        prefill_ns = sum(x.duration_ns for x in prefills)
         # decode_loop steps lie inside decode_forward where there is one: never both
         decode_slice = SLICE_DECODE if SLICE_DECODE in names else SLICE_DECODE_LOOP
         decode_ns: int | None = _slice_ns(slices, decode_slice) if decode_slice in names else None
@@ -225,10 +255,9 @@ def _summarize(trace: TraceView, roots: list[Span], sides: Sides) -> s.RequestSu
     output_tokens = rd.count(_attr(roots, COMPLETION_TOKENS))
     ttft_ns = rd.seconds_ns(_attr(roots, TTFT))
     if ttft_ns is None and len(roots) == 1:
-        first_prefill = [x for x in slices if x.name == SLICE_PREFILL]
-        if first_prefill and made_a_token([*roots, *slices], output_tokens):
+        if prefills and made_a_token([*roots, *below], output_tokens):
             # the end of prefill stands in for the first token, of a request that made one
-            ttft_ns = max(x.end_ns for x in first_prefill) - roots[0].start_ns
+            ttft_ns = max(x.end_ns for x in prefills) - roots[0].start_ns
     return build_summary(
         trace,
         roots[0],
@@ -244,7 +273,90 @@ def _summarize(trace: TraceView, roots: list[Span], sides: Sides) -> s.RequestSu
         flags=flags,
         reader=rd,
         decode_measured=decode_ns is not None,
+        error=_failed(roots, below),
     )
+
+
+def _failed(roots: list[Span], below: list[Span]) -> bool:
+    """True when SGLang aborted the request: `TraceReqContext.abort(abort_info=…)` sets the
+    ERROR status (and the abort's `type`, `status_code`, `message`) on the *thread* span
+    it was in, not on the root, whose finish reason reads `["abort"]` (the tokenizer
+    manager's `gen_ai.response.finish_reasons`, a JSON list of finish reason types).
+
+    Not an error: the abort `TraceReqContext.__del__` makes of a context collected with a
+    span still open (`reason` or, in older releases, `abort_info` reading
+    `AUTO_CLOSED`): tracing's own bookkeeping, not a request the user saw fail."""
+    return any(x.status_code == STATUS_ERROR and not _auto_closed(x) for x in below) or any(
+        FINISH_ABORT in list_attr(r.attributes, FINISH_REASONS) for r in roots
+    )
+
+
+#: the abort reason SGLang's `TraceReqContext.__del__` gives a span it closes itself
+AUTO_CLOSED = "have unclosed span, auto closed"
+
+
+def _auto_closed(span: Span) -> bool:
+    attrs = span.attributes
+    return attrs.get("reason") == AUTO_CLOSED or attrs.get("abort_info") == AUTO_CLOSED
+
+
+def _one_rank(threads: list[list[Span]]) -> list[list[Span]]:
+    """Gives the threads (each a thread span, then its slices) whose slices count: of each
+    thread role (`thread_label`) one rank's.
+
+    With tensor (or pipeline) parallelism every rank's scheduler process rebuilds the
+    request's trace context and records its own thread span, `Scheduler [TP n] (…)`,
+    with the whole set of slices (trace.py `__create_thread_context`; PR
+    sgl-project/sglang#9962): summed over the ranks, each phase would count once per
+    rank.  Rank 0 counts, else (its spans lost) the lowest rank there; a thread of no
+    rank (the tokenizer's) counts as it is.
+    """
+    lowest: dict[str, tuple[int, ...]] = {}
+    for branch in threads:
+        rank = _rank(branch[0])
+        label = _thread_label(branch[0])
+        if rank is not None and (label not in lowest or rank < lowest[label]):
+            lowest[label] = rank
+    if not lowest:
+        return threads
+    return [
+        b for b in threads if (rank := _rank(b[0])) is None or rank == lowest[_thread_label(b[0])]
+    ]
+
+
+def _thread_label(thread: Span) -> str:
+    """Gives a thread span's role: its `thread_label`, else its name before the ranks."""
+    label = thread.attributes.get(THREAD_LABEL)
+    if isinstance(label, str):
+        return label
+    return thread.name.split("[", 1)[0].split("(", 1)[0].strip()
+
+
+def _rank(thread: Span) -> tuple[int, ...] | None:
+    """Gives a thread span's (tensor, pipeline) parallel rank, from its `tp_rank` /
+    `pp_rank` attributes, else the `[TP n]` / `[PP n]` in its name; None when it has none."""
+    found = [_rank_of(thread, key, word) for key, word in RANK_KEYS]
+    if all(x is None for x in found):
+        return None
+    return tuple(x or 0 for x in found)
+
+
+def _rank_of(thread: Span, key: str, word: str) -> int | None:
+    value = thread.attributes.get(key)
+    if value.__class__ is int:
+        return value  # type: ignore[return-value]
+    text = value if isinstance(value, str) else _in_brackets(thread.name, word)
+    text = text.strip() if text else ""
+    return int(text) if text.isdecimal() and text.isascii() else None
+
+
+def _in_brackets(name: str, word: str) -> str | None:
+    """Gives what follows `[word ` in `name` up to the `]` (`"[TP 3]"` → `"3"`)."""
+    at = name.find(f"[{word} ")
+    if at < 0:
+        return None
+    end = name.find("]", at)
+    return name[at + len(word) + 2 : end] if end >= 0 else None
 
 
 def _roots_ns(trace: TraceView, roots: list[Span]) -> int:

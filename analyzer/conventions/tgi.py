@@ -1,8 +1,7 @@
 """Adapter for Hugging Face TGI's router spans (DESIGN.md §3).
 
 The handler span (`generate`, `generate_stream`, `chat_completions`,
-`completions`; kind INTERNAL, under the `POST /…` SERVER span of axum's
-OpenTelemetry layer) carries Rust `Duration` Debug strings: `total_time`,
+`completions`; kind INTERNAL) carries Rust `Duration` Debug strings: `total_time`,
 `validation_time`, `queue_time`, `inference_time`, `time_per_token`.  TGI records
 them only when the answer ends well (router/src/server.rs: the `span.record` calls
 sit in the `InferStreamResponse::End` arm of `generate_stream_internal`, at the end
@@ -17,13 +16,26 @@ step, the first being the prefill (`info_span!(parent: &entry.span, …)` in the
 queue).  TGI records no TTFT; it is the end of the first `infer` step.  Batches are
 separate traces linked from `infer` (see `analyzer/engine_steps.py`).  Failures are
 `tracing::error!` events, which set the span's status to ERROR.
+
+By default the handler is the trace's root, or the child of the caller's span whose
+traceparent came in (TGI PR #2648): axum's OpenTelemetry layer makes its `POST /…`
+SERVER span at TRACE level (tracing-opentelemetry-instrumentation-sdk), which TGI's
+default log filter (`info`) drops.  Where it is exported, it holds the handler.
+
+`/v1/completions` with several prompts runs one generation per prompt
+(`generate_stream_internal` / `generate_internal`, each given a clone of the handler's
+span): one `async_stream` (or `Infer::generate`) branch per prompt under the one
+handler, side by side, and each prompt's `span.record` of the timing fields lands on
+the handler, the last one's winning.  It is one request (one row): its queue wait is
+the longest prompt's, its tokens all the prompts' infer steps, its TPOT and ITL each
+prompt's stream's.
 """
 
 from __future__ import annotations
 
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
-from tokentrace.analyzer.conventions._common import agree, build_summary, inside_any
+from tokentrace.analyzer.conventions._common import agree, below_by_child, build_summary, inside_any
 from tokentrace.analyzer.conventions._sides import RequestSides, Sides
 from tokentrace.analyzer.conventions._values import ValueReader
 from tokentrace.analyzer.spans import Span
@@ -126,7 +138,8 @@ def _is_tgi(handler: Span, above_tgi: set[str]) -> bool:
 
 def _summarize(trace: TraceView, handler: Span, sides: Sides) -> s.RequestSummary:
     a: dict[str, object] = {}
-    below = list(trace.descendants(handler))
+    branches = below_by_child(trace, handler)
+    below = [x for branch in branches for x in branch]
     # the timing fields may sit on a handler-named span below (a handler called by another)
     for span in [*(x for x in below if x.name in HANDLERS), handler]:
         a.update({k: v for k, v in span.attributes.items() if k in FIELDS})
@@ -137,13 +150,28 @@ def _summarize(trace: TraceView, handler: Span, sides: Sides) -> s.RequestSummar
         flags.append(s.FLAG_SOURCES_DISAGREE)
     infers = sorted((x for x in below if x.name == SPAN_INFER), key=lambda x: x.start_ns)
     queued = [x for x in below if x.name == SPAN_QUEUED]
+    # the handler's prompts: /v1/completions with several runs one generation per prompt,
+    # each under the one handler, side by side (router/src/server.rs `completions`)
+    prompts = [b for b in branches if any(x.name == SPAN_INFER or x.name == SPAN_QUEUED for x in b)]
+    several = len(prompts) > 1
     inference_ns = rd.rust_duration_ns(a.get(INFERENCE))
     per_token_ns = rd.rust_duration_ns(a.get(PER_TOKEN))
     ttft_ns: int | None = None
     decode_ns: int | None
     offsets_ms: list[float] = []
     output_tokens: int | None
-    if infers:
+    stream_tokens: list[int] = []
+    if infers and several:
+        # each prompt's `span.record` of the timing fields lands on the one handler, the
+        # last one's winning: they time one prompt; the infer steps count each prompt's
+        stream_tokens = [n for n in (sum(x.name == SPAN_INFER for x in b) for b in prompts) if n]
+        ends = sorted(x.end_ns for x in infers)
+        prefill_ns = infers[0].duration_ns
+        decode_ns = ends[-1] - ends[0]
+        ttft_ns = ends[0] - handler.start_ns
+        offsets_ms = _prompts_offsets_ms(handler, prompts)
+        output_tokens = sum(stream_tokens)
+    elif infers:
         # each infer step ends with one token: server-side token times
         ends = sorted(x.end_ns for x in infers)
         prefill_ns = infers[0].duration_ns
@@ -166,12 +194,13 @@ def _summarize(trace: TraceView, handler: Span, sides: Sides) -> s.RequestSummar
         flags.append(s.FLAG_NO_INFERENCE)
         output_tokens, prefill_ns, decode_ns = None, 0, None
     queue_attr_ns = rd.rust_duration_ns(a.get(QUEUE))
-    queue_ns = sum(x.duration_ns for x in queued) if queued else queue_attr_ns or 0
-    if queued and queue_attr_ns is not None and not agree(queue_ns, queue_attr_ns):
+    # the prompts wait side by side: the request waits as long as the longest wait
+    queue_ns = _longest(branches, SPAN_QUEUED) if queued else queue_attr_ns or 0
+    if queued and not several and queue_attr_ns is not None and not agree(queue_ns, queue_attr_ns):
         flags.append(s.FLAG_SOURCES_DISAGREE)
     validation_ns = rd.rust_duration_ns(a.get(VALIDATION))
     if validation_ns is None:  # the field is recorded at the end only: the span's time
-        validation_ns = sum(x.duration_ns for x in below if x.name == SPAN_VALIDATE)
+        validation_ns = _longest(branches, SPAN_VALIDATE)
     client = sides.client
     part = partition(
         # an outer server span (TGI's own axum span, a gateway's) holds more
@@ -201,7 +230,35 @@ def _summarize(trace: TraceView, handler: Span, sides: Sides) -> s.RequestSummar
         reader=rd,
         decode_measured=decode_ns is not None,
         error=any(_logged_an_error(x) for x in [handler, *below]),
+        stream_tokens=stream_tokens,
     )
+
+
+def _longest(branches: list[list[Span]], name: str) -> int:
+    """Gives the time the spans named `name` took in the handler's branch that took the
+    longest: its prompts run side by side (one branch each), a prompt's spans one after
+    another."""
+    return max((sum(x.duration_ns for x in b if x.name == name) for b in branches), default=0)
+
+
+def _prompts_offsets_ms(handler: Span, prompts: list[list[Span]]) -> list[float]:
+    """Gives token times (ms from the handler's start) whose gaps are each prompt's
+    inter-token gaps: the prompts' streams laid end to end, the first from its first token.
+
+    Merged in time order, the streams' tokens would interleave into gaps no stream had
+    (two tokens of two prompts a microsecond apart).  Only the gaps are read from them
+    (`apply_token_times`), and the first token time, which is the request's.
+    """
+    streams = [sorted(x.end_ns for x in b if x.name == SPAN_INFER) for b in prompts]
+    streams = [ends for ends in streams if ends]
+    streams.sort(key=lambda ends: ends[0])
+    at = (streams[0][0] - handler.start_ns) / NS_PER_MS
+    offsets = [at]
+    for ends in streams:
+        for a, b in zip(ends, ends[1:], strict=False):
+            at += (b - a) / NS_PER_MS
+            offsets.append(at)
+    return offsets
 
 
 def _logged_an_error(span: Span) -> bool:

@@ -15,14 +15,25 @@ same arrival time.
 
 No V1 span names the model: `do_tracing` (vllm/v1/engine/output_processor.py) sets no
 `gen_ai.response.model` nor `gen_ai.request.model` (V0's `create_trace_span` set the
-first), and the resource (vllm/tracing/otel.py `init_tracer`) holds only
-`service.name` = `vllm.llm_engine` (newest releases; `unknown_service` before),
-`vllm.instrumenting_module_name` and `vllm.process_id`.  The model then reads as the
-service name, flagged `model_unnamed`; `OTEL_RESOURCE_ATTRIBUTES=gen_ai.request.model=…`
-on the server names it.
+first), and the resource (`init_tracer`, vllm/tracing/otel.py; in the newest releases
+vllm/foundation/observability/tracing/otel.py) holds only `vllm.instrumenting_module_name`
+and `vllm.process_id`: vLLM sets no `service.name`, so `Resource.create` takes
+`OTEL_SERVICE_NAME` (or `OTEL_RESOURCE_ATTRIBUTES`), else the SDK's default
+`unknown_service:<python executable>`.  The model then reads as the service name,
+flagged `model_unnamed`; `OTEL_RESOURCE_ATTRIBUTES=gen_ai.request.model=…` on the
+server names it.  Nothing here depends on the service name.
+
+With parallel sampling (`n` > 1) the V1 engine runs one child request per sample
+(vllm/v1/engine/parallel_sampling.py `ParentRequest`), each traced by its own
+`do_tracing`: one trace holds n `llm_request` spans with the request's one
+`gen_ai.request.id` (its external id) and one arrival; their `gen_ai.request.n` is the
+child's, 1.  They are one request (one row, as the store's rows are one per trace and
+request id): see `_requests` and `_merge`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
@@ -48,9 +59,33 @@ REQUEST_ID = "gen_ai.request.id"
 
 
 def summarize(trace: TraceView) -> list[s.RequestSummary]:
-    requests = [x for x in trace.spans if x.name == SPAN_NAME and _is_vllm(x)]
-    sides = RequestSides(trace, [[x] for x in requests])
-    return [_summarize(trace, x, sides.of(x)) for x in requests]
+    requests = _requests(trace)
+    sides = RequestSides(trace, requests)
+    return [_summarize(trace, samples, sides.of(samples[0])) for samples in requests]
+
+
+def _requests(trace: TraceView) -> list[list[Span]]:
+    """Gives the spans of each request: the samples of one request (n > 1) share its
+    `gen_ai.request.id` (the external id, `do_tracing`), its arrival (each child is a copy
+    of the request, `AsyncLLM.add_request`) and its caller's span (the request's trace
+    headers).  Two calls that share an id (a client's `X-Request-Id`) arrive apart: they
+    stay two requests.  A span without an id is a request of its own."""
+    requests: list[list[Span]] = []
+    by_key: dict[tuple[str, int, str], list[Span]] = {}
+    for x in trace.spans:
+        if x.name != SPAN_NAME or not _is_vllm(x):
+            continue
+        request_id = str(x.attributes.get(REQUEST_ID) or "")
+        key = (request_id, x.start_ns, x.parent_span_id)
+        samples = by_key.get(key) if request_id else None
+        if samples is None:
+            samples = [x]
+            requests.append(samples)
+            if request_id:
+                by_key[key] = samples
+        else:
+            samples.append(x)
+    return requests
 
 
 def _is_vllm(span: Span) -> bool:
@@ -58,10 +93,59 @@ def _is_vllm(span: Span) -> bool:
     return E2E in span.attributes or any(k.startswith("gen_ai.") for k in span.attributes)
 
 
-def _summarize(trace: TraceView, span: Span, sides: Sides) -> s.RequestSummary:
-    a = span.attributes
+@dataclass(frozen=True, slots=True)
+class _Phases:
+    """What one `llm_request` span (or the samples of one request together) says, in ns:
+    `end_ns` is where the server's time ends (its start plus e2e)."""
+
+    start_ns: int
+    end_ns: int
+    queue_wait_ns: int
+    prefill_ns: int
+    decode_ns: int | None
+    ttft_ns: int | None
+
+
+def _summarize(trace: TraceView, samples: list[Span], sides: Sides) -> s.RequestSummary:
     rd = ValueReader()
     flags: list[str] = []
+    phases = _merge([_read(x, rd, flags) for x in samples])
+    counts = [rd.count(x.attributes.get(COMPLETION_TOKENS)) for x in samples]
+    tokens = [n for n in counts if n is not None] if None not in counts else []
+    client = sides.client
+    part = partition(
+        # the attributes share one clock; the e2e attribute is their whole, unless an
+        # outer server span (the API server's HTTP span, a gateway's) holds more
+        server_ns=sides.server_ns(phases.end_ns - phases.start_ns),
+        client_ns=client.duration_ns if client is not None else None,
+        prefill_ns=phases.prefill_ns,
+        decode_ns=phases.decode_ns or 0,
+        queue_wait_ns=phases.queue_wait_ns,
+    )
+    span = samples[0]
+    return build_summary(
+        trace,
+        span,
+        part,
+        source=NAME,
+        request_id=str(span.attributes.get(REQUEST_ID) or ""),
+        related=samples[1:],
+        client=client,
+        server=sides.server,
+        ttft_ms=None if phases.ttft_ns is None else phases.ttft_ns / NS_PER_MS,
+        prompt_tokens=rd.count(span.attributes.get(PROMPT_TOKENS)),
+        # the samples' tokens together: what the request produced
+        output_tokens=sum(tokens) if tokens else None,
+        flags=[*flags, s.FLAG_NO_TOKEN_TIMES],
+        reader=rd,
+        decode_measured=phases.decode_ns is not None,
+        stream_tokens=tokens,
+    )
+
+
+def _read(span: Span, rd: ValueReader, flags: list[str]) -> _Phases:
+    """Gives what one `llm_request` span says; `flags` gets what its values call for."""
+    a = span.attributes
     e2e_ns = rd.seconds_ns(a.get(E2E))
     if e2e_ns is not None and span.duration_ns and not agree(e2e_ns, span.duration_ns):
         flags.append(s.FLAG_SOURCES_DISAGREE)
@@ -77,30 +161,43 @@ def _summarize(trace: TraceView, span: Span, sides: Sides) -> s.RequestSummary:
     inference_ns = rd.seconds_ns(a.get(INFERENCE))
     if inference_ns is not None and not agree(inference_ns, prefill_ns + (decode_ns or 0)):
         flags.append(s.FLAG_SOURCES_DISAGREE)
-    client = sides.client
-    part = partition(
-        # the attributes share one clock; the e2e attribute is their whole, unless an
-        # outer server span (the API server's HTTP span, a gateway's) holds more
-        server_ns=sides.server_ns(server_ns),
-        client_ns=client.duration_ns if client is not None else None,
-        prefill_ns=prefill_ns,
-        decode_ns=decode_ns or 0,
-        queue_wait_ns=queue_wait_ns,
+    return _Phases(
+        span.start_ns, span.start_ns + server_ns, queue_wait_ns, prefill_ns, decode_ns, ttft_ns
     )
-    return build_summary(
-        trace,
-        span,
-        part,
-        source=NAME,
-        request_id=str(a.get(REQUEST_ID) or ""),
-        client=client,
-        server=sides.server,
-        ttft_ms=None if ttft_ns is None else ttft_ns / NS_PER_MS,
-        prompt_tokens=rd.count(a.get(PROMPT_TOKENS)),
-        output_tokens=rd.count(a.get(COMPLETION_TOKENS)),
-        flags=[*flags, s.FLAG_NO_TOKEN_TIMES],
-        reader=rd,
-        decode_measured=decode_ns is not None,
+
+
+def _merge(samples: list[_Phases]) -> _Phases:
+    """Gives the phases of a request from its samples' (n > 1; one sample's as they are).
+
+    The samples decode side by side, each span from the request's arrival: the server's
+    time runs from the first sample's start to the last one's end.  On that time line
+    each sample's first token comes at its start + TTFT, its prefill ends there and its
+    decode begins: prefill runs from the first sample scheduled to the first token of
+    any, decode from there to the last token of any (DESIGN.md §2), and the queue wait
+    is the wait for the first sample to be scheduled.  Without a sample's TTFT the time
+    line is not known: the sample that ended last stands for the request.
+    """
+    if len(samples) == 1:
+        return samples[0]
+    start_ns = min(x.start_ns for x in samples)
+    end_ns = max(x.end_ns for x in samples)
+    firsts = [None if x.ttft_ns is None else x.start_ns - start_ns + x.ttft_ns for x in samples]
+    if None in firsts:
+        last = max(samples, key=lambda x: x.end_ns)
+        return _Phases(
+            start_ns, end_ns, last.queue_wait_ns, last.prefill_ns, last.decode_ns, last.ttft_ns
+        )
+    timed = [(first, x) for first, x in zip(firsts, samples, strict=True) if first is not None]
+    first_token_ns = min(first for first, _ in timed)
+    scheduled_ns = min(first - x.prefill_ns for first, x in timed)
+    lasts = [first + x.decode_ns for first, x in timed if x.decode_ns is not None]
+    return _Phases(
+        start_ns,
+        end_ns,
+        queue_wait_ns=min(x.queue_wait_ns for x in samples),
+        prefill_ns=max(0, first_token_ns - scheduled_ns),
+        decode_ns=max(0, max(lasts) - first_token_ns) if lasts else None,
+        ttft_ns=first_token_ns,
     )
 
 

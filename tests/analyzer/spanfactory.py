@@ -81,9 +81,11 @@ def client_wrap(
     )
 
 
-#: vLLM's resource (vllm/tracing/otel.py `init_tracer`): the instrumenting module is
-#: also the service name, the process id a string (`str(os.getpid())`).
-VLLM_RESOURCE = {"service.name": "vllm.llm_engine", "vllm.instrumenting_module_name": "vllm.llm_engine",
+#: vLLM's resource (vllm/tracing/otel.py `init_tracer`; newest releases
+#: vllm/foundation/observability/tracing/otel.py): the instrumenting module and the process
+#: id, a string (`str(os.getpid())`); vLLM sets no service.name, so `Resource.create` gives
+#: OTEL_SERVICE_NAME's, else the SDK's default `unknown_service:<python executable>`.
+VLLM_RESOURCE = {"service.name": "unknown_service:python3", "vllm.instrumenting_module_name": "vllm.llm_engine",
                  "vllm.process_id": "4242"}
 
 
@@ -105,7 +107,7 @@ def vllm_trace(
         "gen_ai.latency.time_in_queue": queue / 1000,
         "gen_ai.usage.prompt_tokens": prompt,
         "gen_ai.usage.completion_tokens": tokens,
-        "gen_ai.request.id": f"cmpl-{tid[:8]}",
+        "gen_ai.request.id": f"cmpl-{tid[-12:]}",  # unique, as vLLM's are (a uuid's hex)
     }
     if v0:
         attrs.update({"gen_ai.response.model": "llama", "gen_ai.request.temperature": 0.7,

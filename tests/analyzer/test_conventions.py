@@ -41,7 +41,7 @@ def test_vllm_buckets(wire: float | None) -> None:
     assert r.tpot_ms == pytest.approx(30.0)
     assert r.output_tokens == 31 and r.prompt_tokens == 100
     # V1 names no model (`do_tracing` sets no gen_ai.*.model): the service name stands in, flagged
-    assert r.model == "vllm.llm_engine" and s.FLAG_MODEL_UNNAMED in r.flags
+    assert r.model == "unknown_service:python3" and s.FLAG_MODEL_UNNAMED in r.flags
     assert r.instance == "4242"  # vllm.process_id, a string (str(os.getpid()))
     assert s.FLAG_SOURCES_DISAGREE not in r.flags
 

@@ -43,20 +43,24 @@ def test_vllm_v0_span_without_prefill_and_decode_attributes() -> None:
 
 @pytest.mark.parametrize(
     ("resource", "model"),
-    [(f.VLLM_RESOURCE, "vllm.llm_engine"), ({"service.name": "unknown_service"}, "unknown_service")],
-    ids=["newest", "older"],
+    [(f.VLLM_RESOURCE, "unknown_service:python3"),
+     ({**f.VLLM_RESOURCE, "service.name": "vllm-prod"}, "vllm-prod"),
+     ({"service.name": "unknown_service"}, "unknown_service")],
+    ids=["newest", "otel_service_name", "older"],
 )
 def test_vllm_v1_names_no_model_and_the_summary_says_so(resource: dict[str, str], model: str) -> None:
     """V1's `do_tracing` sets no gen_ai.response.model nor gen_ai.request.model (only V0's
     `create_trace_span` did), and its resource names none (vllm/tracing/otel.py
-    `init_tracer`: service.name = the instrumenting module, `vllm.llm_engine`, in the
-    newest releases; a bare `TracerProvider()` before): the model column holds the
-    service name, flagged `model_unnamed`."""
+    `init_tracer`, vllm/foundation/observability/tracing/otel.py in the newest releases:
+    `Resource.create` of the instrumenting module and the pid, no service.name, so the
+    SDK's default `unknown_service:<python executable>`, or OTEL_SERVICE_NAME's; a bare
+    `TracerProvider()` before): the model column holds the service name, flagged
+    `model_unnamed`."""
     spans, _ = f.vllm_trace(10.0, 50.0, 200.0, resource=dict(resource))
     (r,) = summarize_trace(spans).requests
     assert r.model == model and s.FLAG_MODEL_UNNAMED in r.flags
     # OTEL_RESOURCE_ATTRIBUTES=gen_ai.request.model=… survives vLLM's Resource.create (its
-    # own keys win over the environment's, so OTEL_SERVICE_NAME does not, newest releases)
+    # own keys win over the environment's, but it sets neither this one nor service.name)
     spans[0].resource = {**spans[0].resource, "gen_ai.request.model": "meta-llama/Llama-3-8B"}
     (r,) = summarize_trace(spans).requests
     assert r.model == "meta-llama/Llama-3-8B" and s.FLAG_MODEL_UNNAMED not in r.flags
