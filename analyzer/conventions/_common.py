@@ -154,8 +154,12 @@ def build_summary(
             and summary.ttft_ms is not None
             and summary.ttft_client_ms + AGREE_MS < summary.ttft_ms
         ):
-            # the user cannot see the first token before the server made it
+            # the user cannot see the first token before the server made it: the client
+            # timed something else (a role-only first chunk, a keep-alive) as its first
+            # token. Not kept: every user-side wait would read it (the reports fall back
+            # to network + the server's TTFT)
             _flag(summary, s.FLAG_SOURCES_DISAGREE)
+            summary.ttft_client_ms = None
     for flag in rd.flags:
         _flag(summary, flag)
     apply_token_times(summary, list(token_offsets_ms))

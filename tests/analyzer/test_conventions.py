@@ -132,6 +132,9 @@ def test_client_ttft_before_server_ttft_is_flagged() -> None:
     client.attributes["gen_ai.response.time_to_first_chunk"] = 0.05  # 50 ms < server 300 ms
     (r,) = summarize_trace(spans).requests
     assert s.FLAG_SOURCES_DISAGREE in r.flags
+    # impossible, so not kept: the user's wait falls back to network + the server's TTFT
+    assert r.ttft_client_ms is None
+    assert r.ttft_ms == pytest.approx(300.0, abs=1.0)
 
 
 def test_tenant_traffic_env_and_model_from_any_span() -> None:
