@@ -15,11 +15,11 @@ from urllib.parse import unquote, urlsplit
 
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.trace.sampling import DEFAULT_ON
 from opentelemetry.trace import Tracer
 
-from tokentrace.instrumentation import _export
+from tokentrace.instrumentation import _export, _pending_span
 from tokentrace.instrumentation._export import SHUTDOWN_TIMEOUT_S, GuardedExporter
 from tokentrace.instrumentation._pending_span import PresetIdGenerator
 from tokentrace.instrumentation._safety import log_once
@@ -54,6 +54,11 @@ DEFAULT_SERVICE_NAME = "llm-server"
 SCOPE_NAME = "tokentrace"
 DEFAULT_COLD_START_REQUESTS = 1
 DEFAULT_COLD_START_IDLE_S = 300.0
+#: the span queue of the SDK's own provider (spans; a full queue drops, counted) and
+#: its export batches
+SPAN_QUEUE_SIZE = 8192
+SPAN_BATCH_SIZE = 512
+SPAN_SCHEDULE_DELAY_MS = 500
 
 
 def _truthy(value: str | None) -> bool:
@@ -332,22 +337,25 @@ class Tracing:
         ids = getattr(provider, "id_generator", None)
         if owns_provider and isinstance(ids, PresetIdGenerator) and provider.sampler is DEFAULT_ON:
             self.pending_ids = ids
+        #: the provider flush under way: one at a time, later calls wait on it
+        self._flush = _export.SingleFlight("flush")
 
     def force_flush(self, timeout_ms: int = 10_000) -> bool:
         """Emits buffered engine steps / timings, then flushes spans; gives success.
 
         Returns within about `timeout_ms` (OpenTelemetry's batch processor ignores
         it): False when the flush did not end by then (it goes on in the
-        background) or spans were dropped, the collector being unreachable.
+        background) or spans were dropped, the collector being unreachable or
+        slower than spans end.  One provider flush runs at a time: a call made
+        while one is under way waits for it, then for the next (which covers this
+        call's spans), never starting a thread of its own.
         """
         deadline = time.monotonic() + max(0, timeout_ms) / 1000
         exporter = self.exporter
         dropped = exporter.dropped if exporter is not None else 0
         _run_flush_hooks()
         left = max(0.0, deadline - time.monotonic())
-        finished, ok = _export.run_bounded(
-            lambda: self.provider.force_flush(int(left * 1000)), left, "flush"
-        )
+        finished, ok = self._flush.run(lambda: self.provider.force_flush(int(left * 1000)), left)
         return bool(finished and ok) and (exporter is None or exporter.dropped == dropped)
 
     def shutdown(self, timeout_ms: int | None = None) -> bool:
@@ -525,17 +533,20 @@ def configure(
             id_generator=PresetIdGenerator(),
             shutdown_on_exit=False,
         )
+        # a pending request span keeps what a live one would (its events, its links)
+        _pending_span.use_span_limits(tracer_provider)
         if not settings.disabled:
             # Bounded queue, export on a daemon thread: the host never waits on
-            # the collector, and a dead collector costs dropped spans, not latency.
+            # the collector, and a dead or slow collector costs dropped spans
+            # (counted, logged), not latency.
             if exporter is None:
                 exporter = guarded = _make_exporter(settings)
             tracer_provider.add_span_processor(
-                BatchSpanProcessor(
+                _export.CountingBatchSpanProcessor(
                     exporter,
-                    max_queue_size=8192,
-                    schedule_delay_millis=500,
-                    max_export_batch_size=512,
+                    max_queue_size=SPAN_QUEUE_SIZE,
+                    schedule_delay_millis=SPAN_SCHEDULE_DELAY_MS,
+                    max_export_batch_size=SPAN_BATCH_SIZE,
                 )
             )
     _warn_if_lists_get_cut(tracer_provider)
@@ -625,6 +636,16 @@ _shut_down: Settings | None = None
 _disabled: Tracing | None = None
 
 
+def exports_nothing() -> bool:
+    """Whether nothing is exported now, known without configuring anything: after
+    `shutdown()` (until `configure()`), or disabled.  For the SDK's background
+    threads, which must not make a configuration (a `TracerProvider`) at exit."""
+    tracing = _tracing
+    if tracing is not None:
+        return tracing.settings.disabled or tracing.closed
+    return _shut_down is not None or _disabled is not None
+
+
 def _disabled_tracing(why: str) -> Tracing:
     """Gives a configuration that records but exports nothing (made once), and says `why` once."""
     global _disabled
@@ -638,8 +659,14 @@ def _disabled_tracing(why: str) -> Tracing:
                 record_content=False,
                 disabled=True,
             )
-            # no processor: no export (and nothing to end at exit)
-            provider = TracerProvider(id_generator=PresetIdGenerator(), shutdown_on_exit=False)
+            # no processor: no export (and nothing to end at exit); an empty resource:
+            # `Resource.create` runs its detectors on a thread pool, which fails once
+            # the interpreter shuts down (a GPU sampler or request still running then)
+            provider = TracerProvider(
+                resource=Resource.get_empty(),
+                id_generator=PresetIdGenerator(),
+                shutdown_on_exit=False,
+            )
             disabled = Tracing(replace(settings, disabled=True), provider, owns_provider=True)
             _disabled = disabled
     log_once(why)

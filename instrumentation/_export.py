@@ -12,8 +12,14 @@ with a collector that accepts and never answers.  Here:
   exports until a deadline or the first failure, then drops the rest at once.
   Over OTLP/HTTP a connection error is not retried after backoff (only the
   exporter's immediate retry of a stale pooled connection is left).
-* `run_bounded` runs a flush or shutdown on a daemon thread and waits at most
-  its timeout: the caller never waits on the collector longer than that.
+* `CountingBatchSpanProcessor` is OpenTelemetry's batch span processor, which
+  drops a span when its queue is full (a collector slower than spans end): it
+  counts those in the guard's `dropped` and logs them like an outage (when the
+  queue first overflows, and the count once the collector keeps up again).
+* `run_bounded` runs a shutdown on a daemon thread and waits at most its timeout:
+  the caller never waits on the collector longer than that.  `SingleFlight` does
+  the same for flushes, one at a time: a flush stuck on a slow collector is
+  joined by the next callers, never doubled by a thread each.
 * `shutdown_in_background` ends a replaced configuration off the caller's
   thread; `wait_for_background` (at `tt.shutdown()` and exit) gives those the
   time left, so that their last spans still leave while the collector answers.
@@ -21,13 +27,15 @@ with a collector that accepts and never answers.  Here:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from tokentrace.instrumentation._safety import log_once, logger
 
@@ -109,9 +117,14 @@ class GuardedExporter(SpanExporter):
         self._inner_shut = False
         #: attempts in the export under way (the exporter's session counts them)
         self.attempts = 0
-        #: spans dropped in all, and in the outage under way
+        #: spans dropped in all (failed exports, an outage, a full span queue), and
+        #: since the outage or the overflow under way began
         self.dropped = 0
         self._dropped_in_outage = 0
+        #: spans the batch processor dropped because its queue was full (in `dropped` too)
+        self.queue_full_dropped = 0
+        #: set from the first span a full queue dropped until an export ends without one
+        self._overflowing = False
 
     # -- SpanExporter ----------------------------------------------------------
 
@@ -127,6 +140,7 @@ class GuardedExporter(SpanExporter):
             self._drop(len(spans))
             return SpanExportResult.FAILURE
         self.attempts = 0
+        queue_full_before = self.queue_full_dropped
         try:
             result = inner.export(spans)
         except Exception as exc:  # the SDK's own failure must never reach the host
@@ -136,12 +150,15 @@ class GuardedExporter(SpanExporter):
             if self.breaker.succeeded():
                 with self._lock:
                     dropped, self._dropped_in_outage = self._dropped_in_outage, 0
+                    self._overflowing = False
                 logger.warning(
                     "tokentrace: the collector at %s takes spans again; %d spans were dropped "
                     "while it did not",
                     self.endpoint,
                     dropped,
                 )
+            elif self._overflowing:
+                self._caught_up(queue_full_before)
             return result
         first = not self.breaker.is_open
         wait = self.breaker.failed()
@@ -160,10 +177,12 @@ class GuardedExporter(SpanExporter):
         self._shutdown_inner()
         with self._lock:
             dropped, self._dropped_in_outage = self._dropped_in_outage, 0
+            behind, self._overflowing = self._overflowing and not self.breaker.is_open, False
         if dropped:
             logger.warning(
-                "tokentrace: shut down with the collector at %s unreachable: %d spans dropped",
+                "tokentrace: shut down with the collector at %s %s: %d spans dropped",
                 self.endpoint,
+                "behind (the span queue was full)" if behind else "unreachable",
                 dropped,
             )
 
@@ -200,6 +219,123 @@ class GuardedExporter(SpanExporter):
         with self._lock:
             self.dropped += count
             self._dropped_in_outage += count
+
+    # -- a full span queue ------------------------------------------------------
+
+    def queue_full(self, queue_size: int, count: int = 1) -> None:
+        """Counts `count` spans the batch processor dropped, its queue of `queue_size`
+        being full: the collector takes spans slower than they end.  Logged when the
+        queue first overflows; the count is logged once the collector keeps up again."""
+        with self._lock:
+            self.dropped += count
+            self._dropped_in_outage += count
+            self.queue_full_dropped += count
+            first, self._overflowing = not self._overflowing, True
+        if first and not self.breaker.is_open:  # an outage under way says it already
+            logger.warning(
+                "tokentrace: the span queue is full (%d spans): the collector at %s takes "
+                "spans slower than they end; spans are dropped (nothing waits on it); the "
+                "count is logged when it keeps up again",
+                queue_size,
+                self.endpoint,
+            )
+
+    def _caught_up(self, queue_full_before: int) -> None:
+        """After an export that went through: when the full queue dropped nothing while
+        it ran, the collector keeps up again; says how many spans were dropped."""
+        with self._lock:
+            if not self._overflowing or self.queue_full_dropped != queue_full_before:
+                return
+            dropped, self._dropped_in_outage = self._dropped_in_outage, 0
+            self._overflowing = False
+        logger.warning(
+            "tokentrace: the collector at %s keeps up again; %d spans were dropped while "
+            "the span queue was full",
+            self.endpoint,
+            dropped,
+        )
+
+
+class CountingBatchSpanProcessor(BatchSpanProcessor):
+    """OpenTelemetry's `BatchSpanProcessor`, counting the spans its full queue drops.
+
+    Its queue is a `deque(maxlen=...)`: a span ended while it is full pushes the
+    oldest one out, and OpenTelemetry only logs a generic, rate-limited "Queue full"
+    line.  Here the queue's length is read before each span goes in (one `len()`
+    of a deque: no cost measurable beside `on_end`'s ~0.6 µs); a full queue's drop is counted
+    in the guard's `dropped` (`GuardedExporter.queue_full`), or, with an exporter the
+    host passed, in `dropped` here, and logged once.  The count is exact while one
+    thread ends spans; threads that end spans at the same moment may be off by one.
+    """
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        *,
+        max_queue_size: int,
+        schedule_delay_millis: float,
+        max_export_batch_size: int,
+    ) -> None:
+        super().__init__(
+            exporter,
+            max_queue_size=max_queue_size,
+            schedule_delay_millis=schedule_delay_millis,
+            max_export_batch_size=max_export_batch_size,
+        )
+        self._tt_guard = exporter if isinstance(exporter, GuardedExporter) else None
+        #: spans the full queue dropped (with the guard, also counted there)
+        self.dropped = 0
+        self._tt_queue_size = max_queue_size
+        # opentelemetry-sdk >= 1.33 keeps the queue in a `BatchProcessor`; before, in
+        # the span processor itself (`queue`, `done`)
+        self._tt_holder: Any = getattr(self, "_batch_processor", self)
+        queue = getattr(self._tt_holder, "_queue", None)
+        if queue is None:
+            queue = getattr(self._tt_holder, "queue", None)
+        self._tt_queue: Any = ()
+        self._tt_full_at = 1
+        if isinstance(queue, deque) and queue.maxlen:
+            self._tt_queue, self._tt_full_at = queue, queue.maxlen
+        emit = getattr(self._tt_holder, "emit", None) if self._tt_holder is not self else None
+        self._tt_emit: Callable[[ReadableSpan], None] | None = emit if callable(emit) else None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        emit = self._tt_emit
+        if emit is None:  # opentelemetry-sdk before its `BatchProcessor`
+            if len(self._tt_queue) >= self._tt_full_at:
+                self._count_drop(span)
+            BatchSpanProcessor.on_end(self, span)
+            return
+        # OpenTelemetry's own `on_end` (sampled spans go to `emit`), with the count:
+        # one call less than calling it, so the check costs nothing measurable
+        context = span.context
+        if not (context and context.trace_flags.sampled):
+            return
+        if len(self._tt_queue) >= self._tt_full_at:
+            self._count_drop(span)
+        emit(span)
+
+    def _count_drop(self, span: ReadableSpan) -> None:
+        """A span ends while the queue is full: the processor drops one (when it queues it)."""
+        try:
+            context = span.context
+            if context is None or not context.trace_flags.sampled:
+                return  # not queued at all
+            holder = self._tt_holder
+            if getattr(holder, "_shutdown", False) or getattr(holder, "done", False):
+                return  # shut down: dropped without queueing, as every span from now on
+            self.dropped += 1
+            guard = self._tt_guard
+            if guard is not None:
+                guard.queue_full(self._tt_queue_size)
+            else:
+                log_once(
+                    "the span queue is full",
+                    detail=f" ({self._tt_queue_size} spans): the exporter takes spans slower "
+                    "than they end, and spans are dropped (counted in the processor's `dropped`)",
+                )
+        except Exception as exc:  # the SDK's own failure must never reach the host
+            log_once("span queue drop count", exc)
 
 
 def _no_retry_session(guard: GuardedExporter) -> Any:
@@ -254,6 +390,80 @@ def otlp_exporter(url: str, protocol: str) -> GuardedExporter:
 # -- bounded waits -------------------------------------------------------------
 
 _PENDING = object()
+
+
+class SingleFlight:
+    """Runs a call on a daemon thread, one at a time, and waits at most a timeout.
+
+    `run_bounded`'s thread a call would pile up behind a slow collector: OpenTelemetry's
+    flush waits on its export lock whatever its timeout, and a host calling
+    `force_flush(200)` after each unit of work had a hundred threads waiting in 30 s.
+    Here at most one runs: a call that comes while one is under way waits (up to its
+    own timeout) for the next round, which starts when that one ends and serves every
+    call that came meanwhile.  A round that starts after a call began covers what that
+    call had to flush.  A forked child starts afresh (the parent's thread is not there).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._reset()
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        #: the last round asked for, started, and ended
+        self._asked = self._started = self._ended = 0
+        self._fn: Callable[[], Any] | None = None
+        self._result: Any = None
+        self._running = False
+        self._pid = os.getpid()
+
+    def run(self, fn: Callable[[], Any], timeout_s: float) -> tuple[bool, Any]:
+        """Has `fn` (or a call that came after it) run once more; gives (whether that
+        ended within `timeout_s`, what it gave).  What overruns goes on in the background."""
+        if self._pid != os.getpid():
+            self._reset()
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        with self._cond:
+            mine = self._asked = self._started + 1
+            self._fn = fn
+            if not self._running:
+                thread = threading.Thread(
+                    target=self._loop, name=f"tokentrace-{self.name}", daemon=True
+                )
+                thread.start()
+                self._running = True
+            while self._ended < mine:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False, None
+                self._cond.wait(left)
+            return True, self._result
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if self._started >= self._asked:
+                        self._running = False
+                        return
+                    self._started += 1
+                    round_, fn = self._started, self._fn
+                result = None
+                try:
+                    result = None if fn is None else fn()
+                except Exception as exc:  # the SDK's own failure must never reach the host
+                    log_once(self.name, exc)
+                with self._cond:
+                    self._ended, self._result = round_, result
+                    self._cond.notify_all()
+        except BaseException:
+            with self._cond:
+                self._running = False
+            raise
 
 
 def run_bounded(fn: Callable[[], Any], timeout_s: float, name: str) -> tuple[bool, Any]:

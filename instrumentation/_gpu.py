@@ -1,8 +1,8 @@
 """NVML sampling on a daemon thread, shipped as OTLP metrics with per-sample timestamps.
 
 Only cheap NVML calls are made (utilization, memory, SM clock, power); never
-process lists.  Samples go to a bounded ring (for request GPU summaries) and a
-bounded export queue; a second daemon thread ships the queue to the collector
+process lists.  Samples go to a bounded ring per GPU (for request GPU summaries,
+whose window is found by bisection) and a bounded export queue; a second daemon thread ships the queue to the collector
 every second as OTLP gauges, one data point per sample, each with its own
 timestamp.  A failed export drops that batch (no retries: the host never waits),
 and exports pause for a while after it; with the SDK disabled or shut down
@@ -15,6 +15,7 @@ import os
 import threading
 import time
 import urllib.request
+from bisect import bisect_left, bisect_right
 from collections import deque
 from typing import Any, NamedTuple, Protocol
 from urllib.parse import urlsplit
@@ -22,6 +23,7 @@ from urllib.parse import urlsplit
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._config import (
     add_flush_hook,
+    exports_nothing,
     get_tracing,
     logger,
     register_exit_flush,
@@ -30,7 +32,7 @@ from tokentrace.instrumentation._export import Breaker
 from tokentrace.instrumentation._safety import log_once
 
 DEFAULT_INTERVAL_S = 0.1
-DEFAULT_RING_SIZE = 6_000  # 10 min at 10 Hz per GPU
+DEFAULT_RING_SIZE = 6_000  # per GPU: 10 min at 10 Hz
 EXPORT_INTERVAL_S = 1.0
 EXPORT_TIMEOUT_S = 2.0
 MAX_EXPORT_QUEUE = 20_000
@@ -48,6 +50,58 @@ class GpuSample(NamedTuple):
     ts_ns: int
     gpu_index: int
     reading: GpuReading
+
+
+class GpuRing:
+    """One GPU's last `size` samples, as parallel lists of timestamp, utilization and
+    memory used written round (no object a sample): a window's start and end are
+    found by bisection on the timestamps, and its mean and max are C-level `sum` and
+    `max` over list slices.  Not thread-safe (`GpuSampler` locks)."""
+
+    __slots__ = ("size", "ts", "util", "mem", "_next")
+
+    def __init__(self, size: int) -> None:
+        self.size = max(0, size)
+        self.ts: list[int] = []
+        self.util: list[float] = []
+        self.mem: list[int] = []
+        #: where the next sample goes once full (the oldest one)
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def append(self, ts_ns: int, util: float, mem: int) -> None:
+        ts = self.ts
+        n = len(ts)
+        if n:  # kept in order for bisection: a wall clock stepped back counts as no time
+            last = ts[self._next - 1] if n == self.size else ts[-1]
+            ts_ns = max(ts_ns, last)
+        if n < self.size:
+            ts.append(ts_ns)
+            self.util.append(util)
+            self.mem.append(mem)
+        elif self.size:
+            i = self._next
+            ts[i], self.util[i], self.mem[i] = ts_ns, util, mem
+            self._next = (i + 1) % self.size
+
+    def window(self, start_ns: int, end_ns: int) -> tuple[float, int, int]:
+        """Gives (sum of utilization, sample count, max memory used or -1) over
+        [start_ns, end_ns]."""
+        ts, total, count, mem_max = self.ts, 0.0, 0, -1
+        oldest = self._next if len(ts) == self.size else 0
+        # in time order: the oldest samples are at [oldest, n), then the newer at [0, oldest)
+        for lo, hi in ((oldest, len(ts)), (0, oldest)):
+            if lo >= hi:
+                continue
+            a = bisect_left(ts, start_ns, lo, hi)
+            b = bisect_right(ts, end_ns, a, hi)
+            if a < b:
+                total += sum(self.util[a:b])
+                count += b - a
+                mem_max = max(mem_max, max(self.mem[a:b]))
+        return total, count, mem_max
 
 
 class GpuBackend(Protocol):
@@ -160,7 +214,9 @@ class GpuSampler:
             raise ValueError(f"interval_s must be > 0, not {interval_s}")
         self.backend = backend
         self.interval_s = interval_s
-        self._ring: deque[GpuSample] = deque(maxlen=ring_size)
+        #: samples kept for request summaries, per GPU (`ring_size` each)
+        self.ring_size = ring_size
+        self._rings: dict[int, GpuRing] = {}
         self._ring_lock = threading.Lock()
         self._outbox: deque[GpuSample] = deque(maxlen=MAX_EXPORT_QUEUE)
         self._export = export
@@ -201,11 +257,18 @@ class GpuSampler:
         assert self.backend is not None
         now = time.time_ns()
         for i in range(self.backend.device_count()):
-            sample = GpuSample(now, i, self.backend.read(i))
-            with self._ring_lock:
-                self._ring.append(sample)
-            self._outbox.append(sample)
-            self.samples_taken += 1
+            self.record(GpuSample(now, i, self.backend.read(i)))
+
+    def record(self, sample: GpuSample) -> None:
+        """Keeps `sample` in its GPU's ring and queues it for export."""
+        reading = sample.reading
+        with self._ring_lock:
+            ring = self._rings.get(sample.gpu_index)
+            if ring is None:
+                ring = self._rings[sample.gpu_index] = GpuRing(self.ring_size)
+            ring.append(sample.ts_ns, reading.utilization_pct, reading.memory_used_bytes)
+        self._outbox.append(sample)
+        self.samples_taken += 1
 
     def _sample_loop(self) -> None:
         while not self._stop.is_set():
@@ -226,7 +289,9 @@ class GpuSampler:
 
         Nothing is sent when the SDK is disabled or was shut down, nor for a while
         after a failed export (the samples of then are dropped, counted in
-        `samples_dropped`): a collector that is down costs no time here.
+        `samples_dropped`): a collector that is down costs no time here.  After
+        `shutdown()` nothing is made either (the configuration that exports nothing
+        is not asked for: at exit its provider could not be made).
         """
         batch: list[GpuSample] = []
         while self._outbox:
@@ -234,6 +299,9 @@ class GpuSampler:
         if not batch:
             return 0
         try:
+            if exports_nothing():
+                self.samples_dropped += len(batch)
+                return 0
             tracing = get_tracing()
             if tracing.settings.disabled or tracing.closed:
                 self.samples_dropped += len(batch)
@@ -255,19 +323,21 @@ class GpuSampler:
         return len(batch)
 
     def summary(self, start_ns: int, end_ns: int) -> dict[str, Any] | None:
-        """Gives the mean utilization and max memory used over [start_ns, end_ns], or None."""
-        utils: list[float] = []
-        mem_max = -1
+        """Gives the mean utilization and max memory used over [start_ns, end_ns], or None:
+        over every GPU's samples in the window (each GPU keeps its last `ring_size`)."""
+        total, count, mem_max = 0.0, 0, -1
         with self._ring_lock:
-            for s in reversed(self._ring):
-                if s.ts_ns < start_ns:
-                    break
-                if s.ts_ns <= end_ns:
-                    utils.append(s.reading.utilization_pct)
-                    mem_max = max(mem_max, s.reading.memory_used_bytes)
-        if not utils:
+            for ring in self._rings.values():
+                t, n, m = ring.window(start_ns, end_ns)
+                total, count, mem_max = total + t, count + n, max(mem_max, m)
+        if not count:
             return None
-        return {semconv.GPU_UTIL_MEAN: sum(utils) / len(utils), semconv.GPU_MEM_MAX_BYTES: mem_max}
+        return {semconv.GPU_UTIL_MEAN: total / count, semconv.GPU_MEM_MAX_BYTES: mem_max}
+
+    def ring_samples(self) -> dict[int, int]:
+        """Gives how many samples each GPU's ring holds."""
+        with self._ring_lock:
+            return {i: len(ring) for i, ring in self._rings.items()}
 
     def stop(self) -> None:
         """Stops both threads (the exporter ships what is left) and closes the backend; runs once."""

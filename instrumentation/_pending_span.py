@@ -12,6 +12,12 @@ the real span with those same ids —
 through `PresetIdGenerator`, the id generator of the provider tokentrace
 configures — and replays what was recorded.
 
+What is recorded is bounded as on a live span: events (`add_event`,
+`record_exception`) and links beyond the provider's span limits (`max_events`,
+`max_links`: 128 each by default) push out the oldest and are counted, so that
+the built span's `dropped_events` / `dropped_links` say what a live span's would;
+`set_status` keeps the one call that decides the status.
+
 Only where the outcome is certain: with a provider tokentrace made itself
 and OpenTelemetry's default sampler (parent-based, always on).  With the
 host's own provider or another sampler, spans start at once as before.
@@ -25,12 +31,14 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
 from opentelemetry.util import types
 
@@ -75,6 +83,38 @@ def _nothing() -> None:
     pass
 
 
+#: OpenTelemetry's defaults (`SpanLimits`: `OTEL_SPAN_EVENT_COUNT_LIMIT`,
+#: `OTEL_SPAN_LINK_COUNT_LIMIT`); None: no limit
+DEFAULT_MAX_EVENTS = 128
+DEFAULT_MAX_LINKS = 128
+#: the events and links a pending span keeps, as the provider's spans would
+_max_events: int | None = DEFAULT_MAX_EVENTS
+_max_links: int | None = DEFAULT_MAX_LINKS
+
+
+def use_span_limits(provider: object) -> None:
+    """Has pending spans keep the events and links `provider`'s spans keep (its
+    `SpanLimits`, read from the environment when it was made): called by `configure()`."""
+    global _max_events, _max_links
+    limits = getattr(provider, "_span_limits", None)  # OpenTelemetry has no public accessor
+    events = getattr(limits, "max_events", DEFAULT_MAX_EVENTS)
+    links = getattr(limits, "max_links", DEFAULT_MAX_LINKS)
+    _max_events = events if events is None or isinstance(events, int) else DEFAULT_MAX_EVENTS
+    _max_links = links if links is None or isinstance(links, int) else DEFAULT_MAX_LINKS
+
+
+def _is_valid_link(context: trace.SpanContext, attributes: types.Attributes) -> bool:
+    """Whether a live span keeps this link (OpenTelemetry's own test, not public)."""
+    return bool(context and (context.is_valid or (attributes or context.trace_state)))
+
+
+def _add_dropped(bounded: object, count: int) -> None:
+    """Adds `count` to a live span's dropped events or links (a `BoundedList`): called
+    while it is being built, under `_ops_lock`, before any other thread can reach it."""
+    if count and isinstance(bounded, BoundedList):
+        bounded.dropped += count
+
+
 class PresetIdGenerator(RandomIdGenerator):
     """Random ids, except on a thread that announced the ids of the span it starts next."""
 
@@ -107,12 +147,37 @@ class PresetIdGenerator(RandomIdGenerator):
             preset.trace_id = preset.span_id = None
 
 
+_Op = Callable[[trace.Span], object]
+
+
+class _Recorded:
+    """What was done to a pending span, replayed on the real one: events and links
+    bounded as a live span's (the oldest pushed out, counted), and the status call
+    that decides (the first OK, which a live span keeps, or else the last)."""
+
+    __slots__ = ("events", "links", "dropped_events", "dropped_links", "status", "status_final")
+
+    def __init__(self) -> None:
+        self.events: deque[_Op] | None = None
+        self.links: deque[_Op] | None = None
+        self.dropped_events = 0
+        self.dropped_links = 0
+        self.status: _Op | None = None
+        self.status_final = False
+
+    def in_order(self) -> tuple[Iterable[_Op], ...]:
+        """Links, events, the status: as independent on a live span as in any order."""
+        status = self.status
+        return (self.links or (), self.events or (), () if status is None else (status,))
+
+
 class PendingSpan(trace.Span):
     """Stands in for a request span until the finisher builds it; then forwards to it.
 
-    Everything the OpenTelemetry Span API allows is recorded and replayed on
-    the real span, in order, so `req.span.set_attribute(...)` or
-    `record_exception(...)` on the host's thread behave as on a live span.
+    Everything the OpenTelemetry Span API allows is recorded and replayed on the
+    real span (events and links bounded as a live span's: `_Recorded`), so
+    `req.span.set_attribute(...)` or `record_exception(...)` on the host's thread
+    behave as on a live span.
     """
 
     __slots__ = (
@@ -180,7 +245,8 @@ class PendingSpan(trace.Span):
         if not self._trace_id:
             self._trace_id = _getrandbits(128) or 1
         self._span_id = _getrandbits(64) or 1
-        self._ops: list[Callable[[trace.Span], object]] | None = None
+        #: what was recorded (made at the first call: most requests record nothing)
+        self._ops: _Recorded | None = None
         self._real: trace.Span | None = None
         self._ctx: SpanContext | None = None
 
@@ -204,15 +270,20 @@ class PendingSpan(trace.Span):
                 real = ids.start_span_with_ids(
                     tracer, self._trace_id, self._span_id, self._name, **kwargs
                 )
-            for op in self._ops or ():
-                try:
-                    op(real)
-                except Exception as exc:  # one bad call (an exception whose str() raises)
-                    # must not lose the span; the type only: its message may quote content
-                    log_once(
-                        "a call on a request span failed when the span was built",
-                        detail=f" ({type(exc).__name__}; that call is left out, the span kept)",
-                    )
+            recorded = self._ops or _Recorded()
+            for ops in recorded.in_order():
+                for op in ops:
+                    try:
+                        op(real)
+                    except Exception as exc:  # one bad call (an exception whose str() raises)
+                        # must not lose the span; the type only: its message may quote content
+                        log_once(
+                            "a call on a request span failed when the span was built",
+                            detail=f" ({type(exc).__name__}; that call is left out, the span kept)",
+                        )
+            # what the limits pushed out, counted as the live span counts its own
+            _add_dropped(getattr(real, "_events", None), recorded.dropped_events)
+            _add_dropped(getattr(real, "_links", None), recorded.dropped_links)
             self._ops = None
             self._real = real
         return real
@@ -225,13 +296,39 @@ class PendingSpan(trace.Span):
     def sampled(self) -> bool:
         return self._flags.sampled
 
-    def _record(self, op: Callable[[trace.Span], object]) -> None:
+    def _recorded(self) -> _Recorded:
+        ops = self._ops  # under _ops_lock
+        if ops is None:
+            ops = self._ops = _Recorded()
+        return ops
+
+    def _record_event(self, op: Callable[[trace.Span], object]) -> None:
+        """Records an event (`add_event`, `record_exception`): the last `max_events` are kept."""
         with _ops_lock:
             real = self._real
             if real is None:
-                if self._ops is None:
-                    self._ops = []
-                self._ops.append(op)
+                ops = self._recorded()
+                events = ops.events
+                if events is None:
+                    events = ops.events = deque(maxlen=_max_events)
+                if events.maxlen is not None and len(events) >= events.maxlen:
+                    ops.dropped_events += 1  # the oldest goes (none kept: this one)
+                events.append(op)
+                return
+        op(real)
+
+    def _record_link(self, op: Callable[[trace.Span], object]) -> None:
+        """Records a link: the last `max_links` are kept."""
+        with _ops_lock:
+            real = self._real
+            if real is None:
+                ops = self._recorded()
+                links = ops.links
+                if links is None:
+                    links = ops.links = deque(maxlen=_max_links)
+                if links.maxlen is not None and len(links) >= links.maxlen:
+                    ops.dropped_links += 1
+                links.append(op)
                 return
         op(real)
 
@@ -267,10 +364,12 @@ class PendingSpan(trace.Span):
         self, name: str, attributes: types.Attributes = None, timestamp: int | None = None
     ) -> None:
         at = time.time_ns() if timestamp is None else timestamp
-        self._record(lambda s: s.add_event(name, attributes, at))
+        self._record_event(lambda s: s.add_event(name, attributes, at))
 
     def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
-        self._record(lambda s: s.add_link(context, attributes))
+        if not _is_valid_link(context, attributes):
+            return  # a live span ignores it, uncounted
+        self._record_link(lambda s: s.add_link(context, attributes))
 
     def update_name(self, name: str) -> None:
         with _ops_lock:
@@ -280,7 +379,19 @@ class PendingSpan(trace.Span):
         self._real.update_name(name)
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
-        self._record(lambda s: s.set_status(status, description))
+        # On a live span an OK status is final and UNSET is ignored: of every call, the
+        # first OK or else the last other one decides; only that one is kept.
+        code = status.status_code if isinstance(status, Status) else status
+        with _ops_lock:
+            real = self._real
+            if real is None:
+                ops = self._recorded()
+                if code is StatusCode.UNSET or ops.status_final:
+                    return
+                ops.status = lambda s: s.set_status(status, description)
+                ops.status_final = code is StatusCode.OK
+                return
+        real.set_status(status, description)
 
     def record_exception(
         self,
@@ -290,7 +401,7 @@ class PendingSpan(trace.Span):
         escaped: bool = False,
     ) -> None:
         at = time.time_ns() if timestamp is None else timestamp
-        self._record(lambda s: s.record_exception(exception, attributes, at, escaped))
+        self._record_event(lambda s: s.record_exception(exception, attributes, at, escaped))
 
     def end(self, end_time: int | None = None) -> None:
         """Ends the request: the same as its `finish()` (which takes the time itself)."""
