@@ -17,6 +17,7 @@ from tokentrace.analyzer.diagnosis import (
     batch_mode,
     big_tenants,
     cold_start,
+    decode_batch,
     gpu_saturation,
     kv_cache,
     long_wait,
@@ -112,7 +113,16 @@ def _one_story_per_queue(found: list[Finding]) -> list[Finding]:
       where), so the saturated finding is skipped;
     - the same for `batch_mode_breaks_live`: live requests that always wait while batch
       jobs share the engine wait for batching by design, and "add capacity" would be
-      the wrong fix for it.
+      the wrong fix for it;
+    - `tiny_prompts_slow` whose wait is the scheduler's, found with every prompt one size
+      (no larger prompts to show the line is everyone's, `tiny_prompts.SCHEDULER_UNCOMPARED`),
+      is that saturated queue seen from the smallest prompts: peak_hours found the queue
+      dominating (nearly) every slice, with how many wait while how many are served
+      (Little's law), which says the queue is load, as docs/report.md has it; so it is
+      skipped rather than told twice, with "cap queue depth";
+    - `stutter` that rests on decode steps slowing as the batch grows, beside
+      `batch_mode_breaks_live`: the batch jobs are what fills the batch, and that finding
+      says so with the fix that fits (`decode_batch.BASIS`).
     """
     by = {f.complaint: f for f in found}
     peak, prod = by.get(peak_hours.COMPLAINT), by.get(bad_in_production.COMPLAINT)
@@ -124,6 +134,13 @@ def _one_story_per_queue(found: list[Finding]) -> list[Finding]:
             drop.append(peak)
     if peak is not None and peak.basis == "saturated" and batch_mode.COMPLAINT in by:
         drop.append(peak)
+    tiny = by.get(tiny_prompts.COMPLAINT)
+    if peak is not None and peak.basis == "saturated" and tiny is not None:
+        if tiny.basis == tiny_prompts.SCHEDULER_UNCOMPARED:
+            drop.append(tiny)
+    slow = by.get(stutter.COMPLAINT)
+    if slow is not None and slow.basis == decode_batch.BASIS and batch_mode.COMPLAINT in by:
+        drop.append(slow)
     return [f for f in found if not any(f is d for d in drop)]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tokentrace._words import counted
 from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms, pct
 
@@ -11,6 +13,18 @@ MIN_TTFT_MS = 250.0
 #: the wait must be mostly prefill (not queue), and long against one decode step
 MIN_PREFILL_SHARE_OF_TTFT = 0.5
 MIN_TTFT_PER_TPOT = 10.0
+
+
+def _grows_with_prompt(r: dict[str, Any], corr: float | None) -> bool:
+    """Says whether the window shows TTFT growing with prompt size: prompts of more than one
+    size (the quartiles differ), longer ones waiting longer, and a positive correlation.
+    With one prompt size there is nothing to compare, and a negative correlation says the
+    opposite of the sentence."""
+    long_tokens, short_tokens = r["long_tokens"], r["short_tokens"]
+    long_p50, short_p50 = r["ttft_long_p50"], r["ttft_short_p50"]
+    if long_tokens is None or short_tokens is None or long_p50 is None or short_p50 is None:
+        return False
+    return long_tokens > short_tokens and long_p50 > short_p50 and corr is not None and corr > 0
 
 
 def detect(ctx: Context) -> Finding | None:
@@ -43,12 +57,11 @@ def detect(ctx: Context) -> Finding | None:
             )
         )
     corr = r["prompt_ttft_corr"]
-    if r["ttft_long_p50"] is not None and r["ttft_short_p50"] is not None and r["long_tokens"]:
+    if _grows_with_prompt(r, corr):
         evidence.append(
             ev(
                 f"TTFT grows with prompt size: p50 {ms(r['ttft_long_p50'])} for prompts ≥ {r['long_tokens']} "
-                f"tokens vs {ms(r['ttft_short_p50'])} for ≤ {r['short_tokens']}"
-                + (f" (correlation {corr:.2f})" if corr is not None else ""),
+                f"tokens vs {ms(r['ttft_short_p50'])} for ≤ {r['short_tokens']} (correlation {corr:.2f})",
                 ttft_long_p50_ms=r["ttft_long_p50"], ttft_short_p50_ms=r["ttft_short_p50"],
                 long_prompt_tokens=r["long_tokens"], short_prompt_tokens=r["short_tokens"],
                 prompt_ttft_corr=corr,

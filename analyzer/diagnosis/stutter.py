@@ -1,9 +1,13 @@
-"""`stutter`: decode is interrupted; streams freeze, often while large prefills run beside them."""
+"""`stutter`: decode is interrupted; streams freeze, often while large prefills run beside them.
+
+Decode that slows as the batch grows maps onto this complaint too (`decode_batch`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from tokentrace.analyzer.diagnosis import decode_batch
 from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms, pct
 from tokentrace.analyzer.itl import STALL_FACTOR, STALL_MIN_MS
 
@@ -26,6 +30,10 @@ MIN_PREFILL_LINK = 0.15
 #: cannot miss (longest gap this many times the typical gap, and this long) is stutter.
 UNLINKED_MIN_GAP_FACTOR = 10.0
 UNLINKED_MIN_GAP_MS = 200.0
+#: A stream with a client span is placed on the engine's clock by the last step that names
+#: it, looked for where its last token can be on the client's clock: this much either side
+#: allows for the two hosts' clocks disagreeing (NTP keeps them within a few ms).
+STEP_CLOCK_SLACK_NS = 100_000_000
 
 
 def _severe(r: dict[str, Any]) -> bool:
@@ -36,6 +44,22 @@ def _severe(r: dict[str, Any]) -> bool:
 
 
 def detect(ctx: Context) -> Finding | None:
+    """Gives the stutter finding: streams that froze (`_stalls`), or decode that slows as the
+    batch grows (`decode_batch`), the one the other's evidence joins where both are found."""
+    stalls, slowdown = _stalls(ctx), decode_batch.detect(ctx)
+    if stalls is None or slowdown is None:
+        return stalls or slowdown
+    # freezes have a cause of their own with its own fix, so they lead and keep their rank;
+    # the slowdown says why the streams are slow between them, and the generic fix (reduce
+    # decode batching) fits it.  (Its larger impact would lift the finding above
+    # batch_mode_breaks_live, where batch jobs are what fills the batch.)
+    stalls.evidence.extend(slowdown.evidence)
+    return stalls
+
+
+def _stalls(ctx: Context) -> Finding | None:
+    """Gives the finding where streams froze: gaps far above each stream's median, beside
+    large prefills of their engine, or long enough to be stutter without a known cause."""
     r = ctx.one("diag_stutter")
     n = int(r.get("n") or 0)
     if n < MIN_STREAMS:
@@ -61,7 +85,8 @@ def detect(ctx: Context) -> Finding | None:
     large = 0
     if steps.get("steps"):
         large, basis = large_prefill(int(steps["p90"] or 0), int(steps["max"] or 0))
-        rows = {x["stalled"]: x for x in ctx.query("diag_stutter_steps", [large, lo, hi])}
+        slack = STEP_CLOCK_SLACK_NS
+        rows = {x["stalled"]: x for x in ctx.query("diag_stutter_steps", [slack, slack, large, lo, hi])}
         s, smooth = rows.get(True), rows.get(False)
         if s and smooth and s["n"] and smooth["n"]:
             fs, fm = s["overlapped"] / s["n"], smooth["overlapped"] / smooth["n"]

@@ -27,22 +27,41 @@ MIN_OVERHEAD_MS = 100.0
 #: queue is load (peak_hours, bad_in_production, gpu_saturation tell which), not a
 #: tiny-prompt problem; "slow even for tiny prompts" is about the wire and the gateway.
 LOAD_QUEUE_RATIO = 0.5
-#: The fix for where the time goes, said before the complaint's generic fix.
+#: The fix for where the time goes, said before the complaint's generic fix: the network, or
+#: the queue's largest part (`queue_part`) where the convention splits the queue; "queue" where
+#: it does not.  "Cap queue depth" is no fix for a tokenizer that takes 300 ms with nobody
+#: waiting, nor for a slow gateway.
 FIX_LEAD = {
     "network": "Network is {part} of their {wait} wait for the first token: serve these users from a "
     "region near them, with no cross-region hop on the way (gateway, proxy, auth)",
     "queue": "The server's queue is {part} of their {wait} wait for the first token: look at what the "
     "gateway, middleware and "
     "tokenization spend on a small request, and at how long it waits for the scheduler",
+    "queue_wait": "Waiting for the scheduler is {part} of their {wait} wait for the first token: look at "
+    "how long the scheduler holds a request to fill a batch (its batch delay) and at how many "
+    "requests wait ahead of a small one",
+    "tokenize": "Tokenization is {part} of their {wait} wait for the first token, for prompts this "
+    "small: use a fast (Rust) tokenizer, tokenize in more workers or off the serving loop "
+    "(TGI --validation-workers), and cache the tokens of prompt prefixes many requests share",
+    "other": "The server's time outside the scheduler and the tokenizer is {part} of their {wait} wait "
+    "for the first token: look at what the gateway, auth and middleware spend on a small request",
 }
-#: The complaint's generic fix (FIX_FIRST), by the part of the wait each piece of it is for.
-#: A piece follows the lead only where its part is at least REAL_PART_SHARE of the mean wait
-#: for the first token (no "cap queue depth" for 2 ms of queue) and the lead has not said it.
+#: How the evidence names each part of the queue.
+QUEUE_PART_NAMES = {"queue_wait": "scheduler wait", "tokenize": "tokenization", "other": "the rest"}
+#: The complaint's generic fix (FIX_FIRST), by the part of the wait each piece of it is for
+#: ("queue": a queue the convention does not split).  A piece follows the lead only where
+#: its part is at least REAL_PART_SHARE of the mean wait for the first token (no "cap queue
+#: depth" for 2 ms of queue) and the lead has not said it.
 FIX_THEN = {
     "network": "check the serving region against your users, kill cross-region hops",
     "queue": "cap queue depth",
+    "queue_wait": "cap queue depth",
 }
 REAL_PART_SHARE = 0.2
+#: `Finding.basis` of a finding whose wait is the scheduler's and that had no larger prompts
+#: to tell load from a tiny-prompt problem with (every prompt one size): `diagnose` drops it
+#: where peak_hours finds the server saturated, the load that fills any scheduler's line.
+SCHEDULER_UNCOMPARED = "scheduler_wait_uncompared"
 
 
 def _load_driven(tiny: dict[str, Any], rest: dict[str, Any]) -> bool:
@@ -71,11 +90,17 @@ def detect(ctx: Context) -> Finding | None:
     net_total, queue_total = float(tiny["bound_network_total"]), float(tiny["bound_queue_total"])
     where = "network" if net_total > queue_total else "queue"
     rest = rows.get(False)
-    if where == "queue" and rest and rest["n"] >= MIN_TINY and _load_driven(tiny, rest):
+    # the load check compares tiny prompts' scheduler wait with larger prompts': with every
+    # prompt one size there are none, and `diagnose` asks peak_hours instead (SCHEDULER_UNCOMPARED)
+    compared = rest is not None and rest["n"] >= MIN_TINY
+    if where == "queue" and rest is not None and compared and _load_driven(tiny, rest):
         return None
     net_mean, queue_mean = net_total / max(k, 1), queue_total / max(k, 1)
     compute_mean = float(tiny["bound_compute_total"]) / max(k, 1)
     wait_mean = net_mean + queue_mean + compute_mean
+    parts = _queue_parts(tiny, k, queue_mean)
+    queue_part = max(parts, key=parts.__getitem__) if parts else None
+    lead = "network" if where == "network" else (queue_part or "queue")
     network_text = f"network {ms(net_mean)}" if tiny["bound_with_network"] else "network not measured"
     evidence = [
         ev(
@@ -101,6 +126,8 @@ def detect(ctx: Context) -> Finding | None:
             network_p50_ms=tiny["network_p50"] or 0.0, queue_p50_ms=tiny["queue_p50"] or 0.0,
         ),
     ]
+    if parts and queue_mean >= REAL_PART_SHARE * wait_mean:
+        evidence.append(_queue_parts_line(parts, queue_mean, k))
     if rest and rest["n"]:
         evidence.append(
             ev(
@@ -123,19 +150,53 @@ def detect(ctx: Context) -> Finding | None:
         evidence=evidence,
         affected_trace_ids=affected,
         example_traces=examples,
-        fix_lead=FIX_LEAD[where].format(
-            part=ms(net_mean if where == "network" else queue_mean), wait=ms(wait_mean)
+        fix_lead=FIX_LEAD[lead].format(
+            part=ms(net_mean if lead == "network" else parts.get(lead, queue_mean)), wait=ms(wait_mean)
         ),
-        fix_then=fix_then(where, {"network": net_mean, "queue": queue_mean}, wait_mean),
+        fix_then=fix_then(lead, {"network": net_mean, **_queue_advice_part(parts, queue_mean)}, wait_mean),
+        basis=SCHEDULER_UNCOMPARED if where == "queue" and queue_part == "queue_wait" and not compared else None,
     )
 
 
-def fix_then(where: str, parts_ms: dict[str, float], wait_ms: float) -> str:
-    """Gives the generic advice that follows the lead: the pieces for the parts of the wait
-    that are real and that the lead (for `where`) does not already cover; "" for none."""
-    said = [
-        advice
-        for part, advice in FIX_THEN.items()
-        if parts_ms[part] >= REAL_PART_SHARE * wait_ms and not (part == "network" and where == "network")
-    ]
+def _queue_parts(tiny: dict[str, Any], k: int, queue_mean: float) -> dict[str, float]:
+    """Gives the queue's part of the wait as its sub-parts (`QUEUE_PART_NAMES` keys, means over
+    the `k` requests the split speaks of), {} where the convention does not split the queue
+    (then all of it reads as "other", which would say nothing)."""
+    if not (tiny["queue_split_total"] or 0.0):
+        return {}
+    queue_wait = float(tiny["bound_queue_wait_total"]) / max(k, 1)
+    tokenize = float(tiny["bound_tokenize_total"]) / max(k, 1)
+    return {"queue_wait": queue_wait, "tokenize": tokenize, "other": max(0.0, queue_mean - queue_wait - tokenize)}
+
+
+def _queue_advice_part(parts: dict[str, float], queue_mean: float) -> dict[str, float]:
+    """Gives the part of the queue that "cap queue depth" is for: the scheduler wait where the
+    queue is split (a tokenizer or a gateway is not helped by a shorter line), else all of it."""
+    return {"queue_wait": parts["queue_wait"]} if parts else {"queue": queue_mean}
+
+
+def _queue_parts_line(parts: dict[str, float], queue_mean: float, k: int) -> dict[str, Any]:
+    """Gives the evidence that says which part of the queue the wait is (the parts of the
+    queue in the wait for the first token, largest first)."""
+    ranked = sorted(parts, key=parts.__getitem__, reverse=True)
+    said = ", ".join(
+        f"{QUEUE_PART_NAMES[p]} {pct(parts[p] / max(queue_mean, 1e-9))} ({ms(parts[p])})" for p in ranked
+    )
+    whose = f"its queue of {ms(queue_mean)}" if k == 1 else f"their queue of {ms(queue_mean)} (mean)"
+    return ev(
+        f"{whose}: {said}; most of it is {QUEUE_PART_NAMES[ranked[0]]}",
+        queue_part=ranked[0], overhead_bound_queue_wait_mean_ms=parts["queue_wait"],
+        overhead_bound_tokenize_mean_ms=parts["tokenize"], overhead_bound_other_mean_ms=parts["other"],
+    )
+
+
+def fix_then(lead: str, parts_ms: dict[str, float], wait_ms: float) -> str:
+    """Gives the generic advice that follows the lead (a FIX_LEAD key): the pieces for the parts
+    of the wait (FIX_THEN keys) that are real and that the lead does not already cover; "" for
+    none."""
+    said: list[str] = []
+    for part, advice in FIX_THEN.items():
+        real = parts_ms.get(part, 0.0) >= REAL_PART_SHARE * wait_ms
+        if real and not (part == "network" and lead == "network") and advice not in said:
+            said.append(advice)
     return ", ".join(said)

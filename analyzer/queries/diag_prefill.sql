@@ -14,7 +14,9 @@ SELECT
     median(tpot_ms)                                             AS tpot_p50,
     sum(prefill_ms) / nullif(sum(ttft), 0)                      AS prefill_share_of_ttft,
     sum(prefill_ms) / nullif(sum(e2e_ms), 0)                    AS prefill_share,
-    corr(prompt_tokens, ttft)                                   AS prompt_ttft_corr,
+    -- NULL, not NaN, where it is undefined (every prompt the same size): NaN would reach
+    -- the evidence's numbers, and JSON has no NaN
+    CASE WHEN isfinite(corr(prompt_tokens, ttft)) THEN corr(prompt_tokens, ttft) END AS prompt_ttft_corr,
     median(ttft) FILTER (WHERE prompt_tokens >= q.hi)           AS ttft_long_p50,
     median(ttft) FILTER (WHERE prompt_tokens <= q.lo)           AS ttft_short_p50,
     any_value(q.lo)                                             AS short_tokens,

@@ -6,7 +6,8 @@
 -- the rest, network + queue before inference starts.  Long answers do not dilute it, as
 -- they dilute a share of E2E.
 -- `bound`: requests that spend at least half their wait on network + queue; their sums
--- (network + queue + compute = wait, exactly) say where that time goes.
+-- (network + queue + compute = wait, exactly) say where that time goes, and the queue's
+-- sums (scheduler wait + tokenize + the rest = queue) which part of the queue it is.
 WITH cut AS (
     SELECT least(quantile_disc(prompt_tokens, 0.25), ?) AS tokens
     FROM req WHERE prompt_tokens IS NOT NULL
@@ -28,6 +29,19 @@ r AS (
            least(coalesce(network_ms, 0), before_ms)           AS before_network_ms,
            before_ms >= 0.5 * wait_ms AND wait_ms > 0          AS bound
     FROM b
+),
+-- the queue's part of the wait (network + queue less the network) split as buckets.md
+-- splits the queue: scheduler wait, tokenization, the rest; each clamped into what is
+-- left of it, so the three add up to that part exactly
+p AS (
+    SELECT r.*, before_ms - before_network_ms AS before_queue_ms,
+           least(coalesce(queue_wait_ms, 0), before_ms - before_network_ms) AS before_queue_wait_ms
+    FROM r
+),
+s AS (
+    SELECT p.*,
+           least(coalesce(tokenize_ms, 0), before_queue_ms - before_queue_wait_ms) AS before_tokenize_ms
+    FROM p
 )
 SELECT
     tiny,
@@ -50,6 +64,8 @@ SELECT
     coalesce(sum(before_network_ms) FILTER (WHERE bound), 0)            AS bound_network_total,
     coalesce(sum(before_ms - before_network_ms) FILTER (WHERE bound), 0) AS bound_queue_total,
     coalesce(sum(wait_ms - before_ms) FILTER (WHERE bound), 0)          AS bound_compute_total,
-    coalesce(sum(wait_ms) FILTER (WHERE bound), 0)                      AS bound_wait_total
-FROM r, cut
+    coalesce(sum(wait_ms) FILTER (WHERE bound), 0)                      AS bound_wait_total,
+    coalesce(sum(before_queue_wait_ms) FILTER (WHERE bound), 0)         AS bound_queue_wait_total,
+    coalesce(sum(before_tokenize_ms) FILTER (WHERE bound), 0)           AS bound_tokenize_total
+FROM s, cut
 GROUP BY tiny

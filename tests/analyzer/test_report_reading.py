@@ -91,8 +91,12 @@ def test_tiny_prompts_evidence_figures_add_up(write_workload, name: str) -> None
     # and "most of it" is decided on those same figures
     assert split_line["where"] == ("network" if net > queue else "queue")
     assert text.endswith(f"most of it is {split_line['where']}")
-    # the generic advice follows only for the parts of the wait that are real (tiny_prompts.fix_then)
-    then = tiny_prompts.fix_then(split_line["where"], {"network": net, "queue": queue}, wait)
+    # the generic advice follows only for the parts of the wait that are real (tiny_prompts.fix_then);
+    # where the queue is split, its largest part leads and "cap queue depth" is for its scheduler wait
+    parts = next((e for e in f["evidence"] if "queue_part" in e), None)
+    lead = "network" if split_line["where"] == "network" or parts is None else parts["queue_part"]
+    queue_part = {"queue": queue} if parts is None else {"queue_wait": parts["overhead_bound_queue_wait_mean_ms"]}
+    then = tiny_prompts.fix_then(lead, {"network": net, **queue_part}, wait)
     assert f["fix_first"].endswith(f". Then: {then}." if then else ".")
     assert f["fix_first"].count("region") <= 2, f["fix_first"]
 
@@ -104,7 +108,8 @@ def test_tiny_prompts_where_follows_the_time_not_per_bucket_medians(write_worklo
     split = f["evidence"][1]
     assert split["overhead_bound_queue_mean_ms"] > split["overhead_bound_network_mean_ms"]
     assert split["where"] == "queue" and split["text"].endswith("most of it is queue")
-    assert f["fix_first"].startswith("The server's queue is ")
+    # the queue's largest part leads the advice: the slow gateway's time is measured as tokenize
+    assert f["fix_first"].startswith("Tokenization is "), f["fix_first"]
 
 
 # --- 3. confidence: a whole percent with a space --------------------------------------------------

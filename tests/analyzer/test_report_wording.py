@@ -194,13 +194,15 @@ def test_tiny_prompts_advice_follows_the_split(write_workload) -> None:  # type:
     assert split["overhead_bound_queue_mean_ms"] < 0.2 * split["overhead_bound_wait_mean_ms"]
     assert fix.startswith("Network is ") and "Then:" not in fix, fix
     assert "cap queue depth" not in fix and "serving region" not in fix
-    # a slow gateway: queue advice, no region advice (users are near)
+    # a slow gateway, measured as tokenize: the tokenizer's advice, neither region advice (users
+    # are near) nor "cap queue depth" (nobody waits for the scheduler)
     fix, split = advice(workloads.slow_gateway(), "gateway.duckdb")
-    assert split["where"] == "queue" and fix.endswith(". Then: cap queue depth."), fix
-    assert "region" not in fix
-    # both real: the lead for the larger, the generic advice for both
+    assert split["where"] == "queue" and fix.startswith("Tokenization is ") and "Then:" not in fix, fix
+    assert "region" not in fix and "cap queue depth" not in fix
+    # both real: the lead for the larger (the queue's tokenize), the region advice for the network
     fix, split = advice(workloads.tiny_prompts_mixed_overhead(), "mixed.duckdb")
-    assert fix.endswith(". Then: check the serving region against your users, kill cross-region hops, cap queue depth.")
+    assert fix.startswith("Tokenization is "), fix
+    assert fix.endswith(". Then: check the serving region against your users, kill cross-region hops."), fix
 
 
 # --- 8. slices counted apart from their length ------------------------------------------------------
