@@ -46,6 +46,11 @@ _propagator = TraceContextTextMapPropagator()
 _get_current_span = trace.get_current_span
 #: the parent of a request that starts a trace of its own (whatever span is current)
 _NEW_TRACE = otel_context.Context()
+#: held while a request's phase containers are read and swapped (`end_phase`,
+#: `_finish_at`): a few times a request, never per token
+_phase_lock = threading.Lock()
+
+
 _current: contextvars.ContextVar[RequestTrace | None] = contextvars.ContextVar(
     "tokentrace_request", default=None
 )
@@ -90,10 +95,12 @@ _prefix = _id_prefix()
 
 
 def _new_prefix_after_fork() -> None:
-    global _prefix, _ids, _lazy_lock
+    global _prefix, _ids, _lazy_lock, _phase_lock
     _prefix = _id_prefix()
     _ids = itertools.count(1)
-    _lazy_lock = threading.Lock()  # another thread may have held it at the fork
+    # another thread may have held them at the fork
+    _lazy_lock = threading.Lock()
+    _phase_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX
@@ -330,10 +337,16 @@ class RequestTrace(DeviceTally):
 
     def end_phase(self, phase: str) -> None:
         """Marks the end of a phase started with `start_phase`."""
-        start = self._open.pop(phase, None)
-        if start is not None:
-            self._phases.append((phase, start, time.monotonic_ns()))
-        elif not self._finished:  # (after finish() a phase is no longer this request's)
+        # Under the lock `_finish_at` swaps the phase containers with: a scheduler thread
+        # ending a phase while a handler finishes the request would otherwise take it
+        # out of the open phases and append it to the list the finish has just dropped
+        # (the phase lost), or append it beside the finish's copy of it (counted twice).
+        with _phase_lock:
+            start = self._open.pop(phase, None)
+            if start is not None:
+                self._phases.append((phase, start, time.monotonic_ns()))
+                return
+        if not self._finished:  # (after finish() a phase is no longer this request's)
             # one key for every phase: a host's names (maybe made per request) would
             # each log once more and stay in the set of logged sites for good
             log_once("end_phase() without start_phase()", detail=f" ({phase!r}: ignored)")
@@ -443,19 +456,20 @@ class RequestTrace(DeviceTally):
         if self._finished:
             return
         self._finished = True
-        phases, opened = self._phases, self._open
-        # phases marked from now on are not this request's any more
-        self._phases = []
-        self._open = {}
+        with _phase_lock:  # (see end_phase)
+            phases, opened = self._phases, self._open
+            # phases marked from now on are not this request's any more
+            self._phases = []
+            self._open = {}
+            # Phases never ended close now.  A `start_phase` on another thread may
+            # still write into `opened`: the dict's copy is one C call, which no other
+            # thread interleaves with (the GIL; a free-threaded build locks the dict),
+            # where iterating it would fail with "dictionary changed size".
+            unended = opened.copy()
         try:
             if error is not None:
                 self.record_error(error)
-            # Phases never ended close now.  A scheduler thread may still be marking
-            # phases on this request (it read `_open` before the swap above): the
-            # dict's copy is one C call, which no other thread interleaves with (the
-            # GIL; a free-threaded build locks the dict), where iterating it would
-            # fail with "dictionary changed size" and lose the phases after.
-            for phase, start in opened.copy().items():
+            for phase, start in unended.items():
                 phases.append((phase, start, end_mono))
         except Exception as exc:  # the SDK's own failure must never reach the host
             log_once("request finish", exc)
@@ -505,12 +519,16 @@ class RequestTrace(DeviceTally):
                 span = pending
         try:
             if span.is_recording():
-                self._emit_children(span, phases)
+                self._emit_children(span, phases, end_mono)
                 tokens = self._tokens[:n_tokens]
                 if cuts:
                     for times, n in cuts:
                         tokens += times[:n]
-                    tokens.sort()  # `token()` calls and batches interleave in time
+                # `token()` calls and batches interleave in time, and two threads recording
+                # one request's tokens (`record_tokens` on the engine's, `token()` on the
+                # handler's) append out of clock order; sorted times are one pass (~6 µs a
+                # thousand tokens, on this thread)
+                tokens.sort()
                 n_tokens = len(tokens)
                 if n_tokens:
                     base = self._start_mono_ns
@@ -539,10 +557,16 @@ class RequestTrace(DeviceTally):
         if tally.fwd_complete and tally.fwd_launched:
             span.set_attribute(semconv.FORWARD_GPU_US, tally.fwd_device_ns // 1000)
 
-    def _emit_children(self, span: trace.Span, phases: list[tuple[str, int, int]]) -> None:
+    def _emit_children(
+        self, span: trace.Span, phases: list[tuple[str, int, int]], end_mono: int
+    ) -> None:
         """Builds a child span per phase; a phase run more than `PHASE_SPANS_MAX` times
         (a streaming server's detokenize, `tok.decode` per token) is summarized on `span`:
-        its calls and their summed time (`semconv.PHASE_CALLS_SUFFIX`), no spans."""
+        its calls and their summed time (`semconv.PHASE_CALLS_SUFFIX`), no spans.
+
+        Phases end with the request at the latest (`end_mono`): another thread marking a
+        phase while the request finishes reads its clock after the finish did.  A phase
+        that starts after the request ended is not its own."""
         tracer = self._tracing.tracer
         ctx = trace.set_span_in_context(span)
         summed: dict[str, list[int]] | None = None  # phase -> [calls, total ns]
@@ -554,6 +578,10 @@ class RequestTrace(DeviceTally):
                 if n > PHASE_SPANS_MAX and phase not in PHASES_ALWAYS_SPANS
             }
         for phase, start, end in phases:
+            if end > end_mono:
+                end = end_mono
+            if start > end:
+                continue
             if summed and phase in summed:
                 tally = summed[phase]
                 tally[0] += 1
@@ -691,7 +719,9 @@ class RequestFinisher(QueueFlusher[_Finishing]):
         with self._flush_lock:
             items = self._items
             done = 0
-            while items:
+            # what waits now, not what requests finished meanwhile add: under a steady
+            # load "until empty" never ended, and a force_flush() or shutdown() waited on it
+            for _ in range(len(items)):
                 req, end_mono, phases, n_tokens, cuts = items.popleft()
                 req._complete(end_mono, phases, n_tokens, cuts)
                 done += 1

@@ -92,7 +92,9 @@ class StepRecorder(QueueFlusher["_StepRecord | EngineStep"]):
             poll_device_timings()
             batch: list[_StepRecord] = []
             now = time.time_ns()
-            while self._items:
+            # what waits now, not what steps recorded meanwhile add: under a steady load
+            # "until empty" never ended, and a force_flush() or shutdown() waited on it
+            for _ in range(len(self._items)):
                 item = self._items.popleft()
                 rec = item.record() if isinstance(item, EngineStep) else item
                 tally = rec[9]

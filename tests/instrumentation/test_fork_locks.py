@@ -72,10 +72,18 @@ def _request_with_late_attribute_and_error() -> None:
     tt.get_tracing().force_flush(5_000)
 
 
+def _request_phase_and_finish() -> None:
+    req = tt.request(model="c")
+    req.start_phase("prefill")
+    req.end_phase("prefill")
+    req.finish()
+
+
 _LOCKS: dict[str, tuple[Callable[[], threading.Lock], Callable[[], None]]] = {
     # which lock (read when the test runs), and what in the child takes it
     "pending span ops": (lambda: _pending_span._ops_lock, _request_with_late_attribute_and_error),
     "request attributes": (lambda: _request._lazy_lock, lambda: tt.request(model="c").span),
+    "request phases": (lambda: _request._phase_lock, _request_phase_and_finish),
     "log once": (lambda: _safety._seen_lock, lambda: _safety.log_once("fork test: a new site")),
     "forward timer": (lambda: _forward.timer._resolve_lock, lambda: _forward.timer.poll()),
     "cold start": (lambda: _cold_start.tracker._lock, lambda: _cold_start.tracker.reset()),
