@@ -304,31 +304,29 @@ class PendingSpan(trace.Span):
 
     def _record_event(self, op: Callable[[trace.Span], object]) -> None:
         """Records an event (`add_event`, `record_exception`): the last `max_events` are kept."""
-        with _ops_lock:
-            real = self._real
-            if real is None:
-                ops = self._recorded()
-                events = ops.events
-                if events is None:
-                    events = ops.events = deque(maxlen=_max_events)
-                if events.maxlen is not None and len(events) >= events.maxlen:
-                    ops.dropped_events += 1  # the oldest goes (none kept: this one)
-                events.append(op)
-                return
-        op(real)
+        self._record_capped(op, "events", _max_events)
 
     def _record_link(self, op: Callable[[trace.Span], object]) -> None:
         """Records a link: the last `max_links` are kept."""
+        self._record_capped(op, "links", _max_links)
+
+    def _record_capped(
+        self, op: Callable[[trace.Span], object], kind: str, limit: int | None
+    ) -> None:
+        """Records an event or a link (`kind`, "events" or "links"): the last `limit` are
+        kept and the older ones counted as dropped, as a live span keeps them."""
         with _ops_lock:
             real = self._real
             if real is None:
                 ops = self._recorded()
-                links = ops.links
-                if links is None:
-                    links = ops.links = deque(maxlen=_max_links)
-                if links.maxlen is not None and len(links) >= links.maxlen:
-                    ops.dropped_links += 1
-                links.append(op)
+                kept = getattr(ops, kind)
+                if kept is None:
+                    kept = deque(maxlen=limit)
+                    setattr(ops, kind, kept)
+                if kept.maxlen is not None and len(kept) >= kept.maxlen:
+                    dropped = "dropped_" + kind  # the oldest goes (none kept: this one)
+                    setattr(ops, dropped, getattr(ops, dropped) + 1)
+                kept.append(op)
                 return
         op(real)
 

@@ -241,22 +241,36 @@ class OtlpHttpSink:
     """An OTLP/HTTP endpoint on 127.0.0.1 that keeps each export's path and body (what
     the SDK sent where); answers 200, or 404 on a path outside `paths` (None: any path).
 
-    Bound on port 0 at once: a port picked first could be taken before the bind."""
+    With `gated`, an export is kept at once but answered only once `gate` is set (a
+    collector slower than the spans that end, held as long as a test needs; at most
+    `GATE_HOLD_AT_MOST_S`).  Bound on port 0 at once: a port picked first could be taken
+    before the bind."""
 
-    def __init__(self, paths: tuple[str, ...] | None = None) -> None:
+    #: the longest an export waits on a closed gate (a safety net: tests open it)
+    GATE_HOLD_AT_MOST_S = 60.0
+
+    def __init__(self, paths: tuple[str, ...] | None = None, gated: bool = False) -> None:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.posts: list[tuple[str, bytes]] = []
+        self.gate = threading.Event()
+        if not gated:
+            self.gate.set()
         self._lock = lock = threading.Lock()
-        posts = self.posts
+        self._received = received = threading.Condition(lock)
+        posts, gate, hold_s = self.posts, self.gate, self.GATE_HOLD_AT_MOST_S
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as a collector answers
+
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 kept = paths is None or self.path in paths
                 if kept:
-                    with lock:
+                    with received:
                         posts.append((self.path, body))
+                        received.notify_all()
+                    gate.wait(hold_s)
                 self.send_response(200 if kept else 404)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
@@ -266,9 +280,29 @@ class OtlpHttpSink:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def wait_for_posts(self, count: int, timeout_s: float = 30.0) -> bool:
+        """Waits until `count` exports have come in (held at the gate or answered)."""
+        with self._received:
+            return self._received.wait_for(lambda: len(self.posts) >= count, timeout_s)
+
+    def span_names(self, path: str = "/v1/traces") -> list[str]:
+        """The names of the spans exported to `path`, in order."""
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        return [
+            span.name
+            for body in self.bodies(path)
+            for rs in ExportTraceServiceRequest.FromString(body).resource_spans
+            for ss in rs.scope_spans
+            for span in ss.spans
+        ]
 
     def bodies(self, path: str | None = None) -> list[bytes]:
         """The bodies sent (to `path`, or anywhere), in order."""
@@ -280,5 +314,6 @@ class OtlpHttpSink:
             return {p for p, _ in self.posts}
 
     def close(self) -> None:
+        self.gate.set()
         self.server.shutdown()
         self.server.server_close()

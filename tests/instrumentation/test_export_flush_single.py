@@ -75,7 +75,7 @@ def test_a_call_made_while_a_flush_runs_gets_its_own_spans_flushed(receiver) -> 
     receiver.gate.set()
     waiter.join(60)
     assert results == [True]
-    assert sorted(receiver.span_names) == sorted(
+    assert sorted(receiver.span_names()) == sorted(
         [f"before{i}" for i in range(2)] + [f"during{i}" for i in range(3)]
     )
 
