@@ -473,21 +473,22 @@ class RequestTrace(DeviceTally):
                 phases.append((phase, start, end_mono))
         except Exception as exc:  # the SDK's own failure must never reach the host
             log_once("request finish", exc)
-        # tokens recorded after the finish are not this request's either: the
-        # lengths now are where its own list and its batches' lists end for it
+        # tokens recorded after the finish are not this request's either: its own
+        # list ends at its length now; its batches' lists are cut at `end_mono` by
+        # the flusher (one per batch change: a loop whose batch changes every step
+        # would otherwise cost this thread ~1 ms a 32k-token request here)
         n_tokens = len(self._tokens)
         batches = self._batches
-        cuts = None if batches is None else [(times, len(times)) for times in batches]
-        if not finisher.offer((self, end_mono, phases, n_tokens, cuts)):
+        if not finisher.offer((self, end_mono, phases, n_tokens, batches)):
             # a full queue: built here, rather than lost
-            self._complete(end_mono, phases, n_tokens, cuts)
+            self._complete(end_mono, phases, n_tokens, batches)
 
     def _complete(
         self,
         end_mono: int,
         phases: list[tuple[str, int, int]],
         n_tokens: int,
-        cuts: list[tuple[list[int], int]] | None = None,
+        batches: list[list[int]] | None = None,
     ) -> None:
         """Builds the phase spans and the last attributes, and ends the span (the flusher's work)."""
         span = self._span
@@ -521,9 +522,13 @@ class RequestTrace(DeviceTally):
             if span.is_recording():
                 self._emit_children(span, phases, end_mono)
                 tokens = self._tokens[:n_tokens]
-                if cuts:
-                    for times, n in cuts:
-                        tokens += times[:n]
+                # a copy each: a batch made after the finish may still add itself, and
+                # one alive at the finish may still append
+                for times in batches[:] if batches else ():
+                    times = times[:]
+                    if times and times[-1] > end_mono:  # recording at the finish: up to it
+                        times = [t for t in times if t <= end_mono]
+                    tokens += times
                 # `token()` calls and batches interleave in time, and two threads recording
                 # one request's tokens (`record_tokens` on the engine's, `token()` on the
                 # handler's) append out of clock order; sorted times are one pass (~6 µs a
@@ -703,7 +708,7 @@ def _detach_otel(token: object, span: trace.Span | None) -> None:
 
 
 _Finishing = tuple[
-    RequestTrace, int, list[tuple[str, int, int]], int, list[tuple[list[int], int]] | None
+    RequestTrace, int, list[tuple[str, int, int]], int, list[list[int]] | None
 ]
 
 
@@ -722,8 +727,8 @@ class RequestFinisher(QueueFlusher[_Finishing]):
             # what waits now, not what requests finished meanwhile add: under a steady
             # load "until empty" never ended, and a force_flush() or shutdown() waited on it
             for _ in range(len(items)):
-                req, end_mono, phases, n_tokens, cuts = items.popleft()
-                req._complete(end_mono, phases, n_tokens, cuts)
+                req, end_mono, phases, n_tokens, batches = items.popleft()
+                req._complete(end_mono, phases, n_tokens, batches)
                 done += 1
                 if not final:
                     self._yield_gil()
@@ -769,8 +774,8 @@ class TokenBatch:
     join or leave) and then records each step's tokens with one append —
     `engine_step(..., tokens=batch)` at the step's end, or `batch.token()` —
     instead of one per request (`record_tokens`).  Each member's token times
-    are read from the batch when its spans are built; tokens recorded after
-    a member's `finish()` are not its own.  Membership is fixed: make a new
+    are read from the batch when its spans are built; tokens timed after a
+    member's `finish()` are not its own.  Membership is fixed: make a new
     batch for a new set of requests.
     """
 

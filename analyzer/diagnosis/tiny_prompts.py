@@ -179,9 +179,10 @@ def _queue_parts_line(parts: dict[str, float], queue_mean: float, k: int) -> dic
     """Gives the evidence that says which part of the queue the wait is (the parts of the
     queue in the wait for the first token, largest first)."""
     ranked = sorted(parts, key=parts.__getitem__, reverse=True)
-    said = ", ".join(
-        f"{QUEUE_PART_NAMES[p]} {pct(parts[p] / max(queue_mean, 1e-9))} ({ms(parts[p])})" for p in ranked
-    )
+    share = {p: pct(parts[p] / max(queue_mean, 1e-9)) for p in ranked}
+    # parts that read "0 % (0 ms)" say nothing: left out, but the largest is always said
+    shown = [p for p in ranked if share[p] != "0 %"] or ranked[:1]
+    said = ", ".join(f"{QUEUE_PART_NAMES[p]} {share[p]} ({ms(parts[p])})" for p in shown)
     whose = f"its queue of {ms(queue_mean)}" if k == 1 else f"their queue of {ms(queue_mean)} (mean)"
     return ev(
         f"{whose}: {said}; most of it is {QUEUE_PART_NAMES[ranked[0]]}",

@@ -72,6 +72,8 @@ def test_a_scheduler_hold_is_told_about_the_scheduler_then_queue_depth(write_wor
     assert parts["queue_part"] == "queue_wait" and parts["text"].endswith(
         "most of it is scheduler wait"
     )
+    # tokenization (~1 ms of ~500) reads "0 %": a part that says nothing is not said
+    assert "tokenization" not in parts["text"] and " 0 % " not in parts["text"], parts["text"]
 
 
 def test_overload_with_one_prompt_size_is_load_not_tiny_prompts(write_workload) -> None:  # type: ignore[no-untyped-def]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import time
+
 import pytest
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -185,3 +188,50 @@ def test_token_batches_give_each_member_its_own_token_times(memory_sdk) -> None:
     assert by_id[b.request_id].attributes[sc.OUTPUT_TOKENS] == 4
     steps = memory_sdk.spans(sc.SPAN_ENGINE_STEPS)
     assert sum(s.attributes[sc.STEP_COUNT] for s in steps) == 4
+
+
+def _calls_in_finish(req: tt.RequestTrace) -> int:
+    """Counts the Python and C calls `req.finish()` makes on the caller's thread."""
+    calls = 0
+
+    def count(frame: object, event: str, arg: object) -> None:
+        nonlocal calls
+        if event in ("call", "c_call"):
+            calls += 1
+
+    sys.setprofile(count)
+    try:
+        req.finish()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_finish_costs_the_host_the_same_however_often_the_batch_changed(memory_sdk) -> None:  # type: ignore[no-untyped-def]
+    # A loop whose batch changes every step puts a request in one TokenBatch a step: its
+    # finish must not walk them on the host's thread (the flusher cuts them).
+    steady, churned = tt.request(), tt.request()
+    tt.TokenBatch([steady]).token()
+    for _ in range(2_000):
+        tt.TokenBatch([churned]).token()
+    assert churned.token_count == 2_000
+    assert _calls_in_finish(churned) - _calls_in_finish(steady) < 10
+    by_id = {s.attributes[sc.REQUEST_ID]: s for s in memory_sdk.spans(sc.SPAN_REQUEST)}
+    assert by_id[churned.request_id].attributes[sc.OUTPUT_TOKENS] == 2_000
+    assert by_id[steady.request_id].attributes[sc.OUTPUT_TOKENS] == 1
+
+
+def test_a_batch_token_timed_before_the_finish_is_the_requests_however_late_it_lands(memory_sdk) -> None:  # type: ignore[no-untyped-def]
+    # An engine thread reads the clock for a step's tokens, then the handler finishes a
+    # member before that thread appends the time: the token was produced before the end.
+    req, other = tt.request(), tt.request()
+    batch = tt.TokenBatch([req, other])
+    batch.token()
+    produced = time.monotonic_ns()
+    req.finish()
+    batch._times.append(produced)  # the engine thread's append, after the finish
+    batch.token()  # produced after the finish: not req's
+    other.finish()
+    by_id = {s.attributes[sc.REQUEST_ID]: s for s in memory_sdk.spans(sc.SPAN_REQUEST)}
+    assert by_id[req.request_id].attributes[sc.OUTPUT_TOKENS] == 2
+    assert by_id[other.request_id].attributes[sc.OUTPUT_TOKENS] == 3
