@@ -16,6 +16,9 @@ FORMATS = ("jsonl", "csv", "parquet")
 #: behind them leave float noise (23.891000000000002) that no clock measured.
 MS_DECIMALS = 3
 _MS_SCALE = 10**MS_DECIMALS
+_NS_PER_MS = 10**6
+#: nanoseconds in the last decimal written (the microsecond)
+_NS_PER_DECIMAL = _NS_PER_MS // _MS_SCALE
 #: `start` in CSV and JSON lines: ISO 8601, UTC, microseconds, `Z`.
 START_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 #: `start` in Parquet (and the Arrow table): microseconds since the epoch, marked UTC
@@ -30,8 +33,12 @@ def _is_ms(name: str) -> bool:
 
 def _round_ms(v: float) -> float:
     """Rounds to the microsecond (half to even) the way `_for_text` does in Arrow, so a
-    value reads the same in CSV and in JSON lines: 23.891000000000002 → 23.891."""
-    return round(v * _MS_SCALE) / _MS_SCALE
+    value reads the same in CSV and in JSON lines: 23.891000000000002 → 23.891.
+
+    The figures are whole nanoseconds over 1e6: first back to the nanosecond, so a tie
+    is decided on the exact decimal (32640500 ns → 32.640 ms), not on the double that
+    holds it (32.640500000000004 → 32.641)."""
+    return round(round(v * _NS_PER_MS) / _NS_PER_DECIMAL) / _MS_SCALE
 
 
 def requests_table(conn: duckdb.DuckDBPyConnection, filters: Filters, limit: int | None = None) -> Any:
@@ -104,8 +111,10 @@ def _for_text(table: Any) -> Any:
     for i, field in enumerate(table.schema):
         if _is_ms(field.name) and pa.types.is_floating(field.type):
             # scale, round, scale back: the quotient is the double nearest the decimal
-            # (pyarrow's round(x, 3) leaves 23.891000000000002 as it was)
-            scaled = pc.round(pc.multiply(table.column(i), float(_MS_SCALE)))
+            # (pyarrow's round(x, 3) leaves 23.891000000000002 as it was); to the
+            # nanosecond first, as `_round_ms` (half to even on the exact decimal)
+            ns = pc.round(pc.multiply(table.column(i), float(_NS_PER_MS)))
+            scaled = pc.round(pc.divide(ns, float(_NS_PER_DECIMAL)), round_mode="half_to_even")
             table = table.set_column(i, field, pc.divide(scaled, float(_MS_SCALE)))
         elif field.name == "start" and pa.types.is_timestamp(field.type):
             # the zone-less UTC clock reading (as `_start_as_utc_clock`): no zone to look up

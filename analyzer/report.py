@@ -82,7 +82,10 @@ def _gap_at(rank: int, counts: list[int], cum: list[int], gap_max: float | None)
     bounds = ITL_BUCKET_BOUNDS_MS
     b = bisect.bisect_right(cum, rank)
     lo = bounds[b - 1] if b > 0 else 0.0
-    hi = bounds[b] if b < len(bounds) else bounds[-1] * ITL_BUCKET_RATIO
+    if b < len(bounds):
+        hi = bounds[b]
+    else:  # the last bucket has no top: it ends at the largest gap where that is known
+        hi = gap_max if gap_max is not None else bounds[-1] * ITL_BUCKET_RATIO
     if gap_max is not None:
         # the bucket holding the largest gap ends at it
         hi = max(lo, min(hi, gap_max))

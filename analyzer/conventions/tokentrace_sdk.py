@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from itertools import accumulate
+
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
 from tokentrace.analyzer.conventions._common import build_summary, made_a_token
@@ -16,6 +19,42 @@ NAME = "tokentrace"
 
 def _sum_ns(spans: list[Span], name: str) -> int:
     return sum(x.duration_ns for x in spans if x.name == name)
+
+
+class _Compute:
+    """A request's compute (its prefill and decode) as merged intervals, to take out of the
+    time of its queue and tokenize spans: a request queued again when preempted, or waiting
+    between the chunks of a chunked prefill, waits inside a bucket that already holds that
+    time, and counted again as queue it would push tokenize and the rest of the queue to 0."""
+
+    def __init__(self, intervals: list[tuple[int, int]]) -> None:
+        merged: list[list[int]] = []
+        for start, end in sorted(intervals):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            elif end > start:
+                merged.append([start, end])
+        self._starts = [m[0] for m in merged]
+        self._merged = merged
+        # compute time before each interval: a span's overlap is two lookups, however many
+        # chunks or queue spans a request has (linear in spans, as every adapter is)
+        self._before = list(accumulate((m[1] - m[0] for m in merged), initial=0))
+
+    def _until(self, t: int) -> int:
+        """Gives the compute time before `t`."""
+        i = bisect_right(self._starts, t) - 1
+        if i < 0:
+            return 0
+        start, end = self._merged[i]
+        return self._before[i] + min(t, end) - start
+
+    def outside_ns(self, spans: list[Span], name: str) -> int:
+        """Gives the time of the `name` spans outside the compute."""
+        return sum(
+            x.duration_ns - (self._until(x.end_ns) - self._until(x.start_ns))
+            for x in spans
+            if x.name == name and x.end_ns > x.start_ns
+        )
 
 
 def _summed_ns(rd: ValueReader, req: Span, key: str) -> int:
@@ -54,13 +93,20 @@ def _summarize_request(trace: TraceView, req: Span, sides: Sides) -> s.RequestSu
         prefill_ns = first_ns - start_ns
         decode_ns: int | None = last_ns - first_ns
         ttft_ms: float | None = offsets_ms[0]
+        compute = _Compute([(start_ns, last_ns)])
     else:
         # No token times: trust the phase spans as measured.
         flags.append(s.FLAG_NO_TOKEN_TIMES)
-        prefill_ns = _sum_ns(phases, sc.SPAN_PREFILL)
-        decode_spans = any(p.name == sc.SPAN_DECODE for p in phases)
+        decode_spans = [p for p in phases if p.name == sc.SPAN_DECODE]
+        # a preempted request's prefill again, inside its decode, is decode time
+        prefill_ns = _Compute([(p.start_ns, p.end_ns) for p in decode_spans]).outside_ns(
+            phases, sc.SPAN_PREFILL
+        )
         decode_ns = _sum_ns(phases, sc.SPAN_DECODE) if decode_spans else None
         ttft_ms = None
+        compute = _Compute(
+            [(p.start_ns, p.end_ns) for p in phases if p.name in (sc.SPAN_PREFILL, sc.SPAN_DECODE)]
+        )
         if prefill_spans and made_a_token([req, *phases], out_tokens):
             # the end of prefill stands in for the first token (a non-streamed answer)
             ttft_ms = (max(p.end_ns for p in prefill_spans) - req.start_ns) / NS_PER_MS
@@ -72,8 +118,9 @@ def _summarize_request(trace: TraceView, req: Span, sides: Sides) -> s.RequestSu
         client_ns=client.duration_ns if client is not None else None,
         prefill_ns=prefill_ns,
         decode_ns=decode_ns or 0,
-        queue_wait_ns=_sum_ns(phases, sc.SPAN_QUEUE),
-        tokenize_ns=_sum_ns(phases, sc.SPAN_TOKENIZE) + _summed_ns(rd, req, sc.TOKENIZE_TOTAL_US),
+        queue_wait_ns=compute.outside_ns(phases, sc.SPAN_QUEUE),
+        tokenize_ns=compute.outside_ns(phases, sc.SPAN_TOKENIZE)
+        + _summed_ns(rd, req, sc.TOKENIZE_TOTAL_US),
     )
     if out_tokens is None and offsets_ms:
         out_tokens = len(offsets_ms)

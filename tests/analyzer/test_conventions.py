@@ -194,6 +194,36 @@ def test_sdk_buckets(wire: float | None) -> None:
     assert s.FLAG_PREFILL_UNMARKED not in r.flags
 
 
+@pytest.mark.parametrize("offsets", [True, False])
+def test_sdk_a_wait_inside_prefill_or_decode_is_not_queue_again(offsets: bool) -> None:
+    # A chunked prefill waits between its chunks; a preempted request is queued again
+    # mid-decode (the SDK always sends queue spans). That time is already in prefill
+    # (first prefill start -> first token) or decode (first -> last token): counted as
+    # queue too, queue_wait outgrew the queue and tokenize and the rest read 0.
+    from tokentrace.instrumentation import semconv as sc
+
+    spans, truth = f.sdk_trace(2.0, 40.0, 90.0, 20.0, 10, wire=30.0, offsets=offsets)
+    req = next(x for x in spans if x.name == sc.SPAN_REQUEST)
+    prefill = next(x for x in spans if x.name == sc.SPAN_PREFILL)
+    spans.remove(prefill)  # prefill 42..132 in two chunks, a 10 ms wait between them
+    spans += [
+        f.span(req.trace_id, sc.SPAN_PREFILL, 42.0, 18.0, req),
+        f.span(req.trace_id, sc.SPAN_QUEUE, 60.0, 10.0, req),
+        f.span(req.trace_id, sc.SPAN_PREFILL, 70.0, 62.0, req),
+        # preempted at 200 ms (decode runs 132..312): queued 30 ms, prefilled again
+        f.span(req.trace_id, sc.SPAN_QUEUE, 200.0, 30.0, req),
+        f.span(req.trace_id, sc.SPAN_PREFILL, 230.0, 5.0, req),
+    ]
+    (r,) = summarize_trace(spans).requests
+    # with token times, prefill runs from its first start to the first token (the wait
+    # between chunks is in it); without, prefill is its spans' time outside decode
+    wait, prefill = (40.0, 90.0) if offsets else (50.0, 80.0)
+    assert r.queue_wait_ms == pytest.approx(wait) and r.tokenize_ms == pytest.approx(2.0)
+    assert r.queue_ms == pytest.approx(wait + 2.0) and r.other_ms == pytest.approx(0.0, abs=1e-6)
+    assert r.prefill_ms == pytest.approx(prefill) and r.decode_ms == pytest.approx(180.0)
+    assert s.FLAG_BUCKET_EXCEEDS_E2E not in r.flags
+
+
 def test_sdk_token_times_without_a_prefill_phase_are_flagged() -> None:
     # `@tt.traced_request` or `req.token()` alone: the wait before the first token is
     # all queue, prefill reads 0; the flag says prefill was not measured, not that it was 0.

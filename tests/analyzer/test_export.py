@@ -79,3 +79,18 @@ def test_an_empty_export_keeps_the_utc_type(write_workload) -> None:  # type: ig
     out = io.BytesIO()
     assert write_requests(conn, Filters(model="no such model"), "parquet", out) == 0
     assert pq.read_table(io.BytesIO(out.getvalue())).schema.field("start").type == UTC_MICROS
+
+
+def test_a_tie_at_the_microsecond_rounds_half_to_even_on_the_exact_decimal(write_workload) -> None:  # type: ignore[no-untyped-def]
+    # 32 640 500 ns is 32.6405 ms, held as the double 32.640500000000004: rounded as that
+    # double it read 32.641; half to even on the decimal it is 32.640 (and 1.0015 -> 1.002)
+    w = workloads.healthy()
+    for r in w.requests:
+        r.network_ms, r.queue_ms = 32640500 / 1e6, 1001500 / 1e6
+    conn = write_workload(w)
+    assert conn.execute("SELECT any_value(network_ms) * 1000 FROM requests").fetchall()[0][0] > 32640.5
+    lines = [json.loads(x) for x in _export(conn, "jsonl").decode().splitlines()]
+    cells = list(csv.DictReader(io.StringIO(_export(conn, "csv").decode())))
+    assert {r["network_ms"] for r in lines} == {32.64} and {r["queue_ms"] for r in lines} == {1.002}
+    assert {float(r["network_ms"]) for r in cells} == {32.64}
+    assert {float(r["queue_ms"]) for r in cells} == {1.002}
