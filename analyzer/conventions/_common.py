@@ -18,6 +18,8 @@ from tokentrace.analyzer.spans import STATUS_ERROR, Span, list_attr
 from tokentrace.analyzer.trace_view import ENV_KEYS, INSTANCE_KEYS, TENANT_KEYS, TraceView
 from tokentrace.instrumentation import semconv as sc
 
+TRAFFIC_CLASSES = (sc.TRAFFIC_INTERACTIVE, sc.TRAFFIC_BATCH)
+
 #: User-side token-time span events: OpenLLMetry (new and old names).
 CHUNK_EVENTS = ("gen_ai.content.completion.chunk", "llm.content.completion.chunk")
 #: OpenInference's first-token event.
@@ -60,6 +62,18 @@ def client_ttft_ms(client: Span, reader: ValueReader | None = None) -> float | N
             return rd.time_ms((e.time_ns - client.start_ns) / NS_PER_MS)
     ttfc = rd.seconds_ns(client.attributes.get(sc.CLIENT_TTFC_S))
     return None if ttfc is None else ttfc / NS_PER_MS
+
+
+def _traffic_class(value: Any, rd: ValueReader) -> str:
+    """Gives the request's traffic class, `interactive` or `batch` (DESIGN §3), in any case
+    and spacing; anything else is read as `interactive` and flagged (stored as sent, it
+    matched neither class filter and showed as a class of its own)."""
+    text = str(value).strip().lower() if value else ""
+    if text in TRAFFIC_CLASSES:
+        return text
+    if text:
+        rd.flag(s.FLAG_IMPOSSIBLE_VALUE)
+    return sc.TRAFFIC_INTERACTIVE
 
 
 def build_summary(
@@ -106,7 +120,7 @@ def build_summary(
         # vLLM's default, or `text-generation-inference.router`)
         flags = [*flags, s.FLAG_MODEL_UNNAMED]
     tenant = first(TENANT_KEYS, "")
-    traffic = first((sc.TRAFFIC_CLASS,), "") or sc.TRAFFIC_INTERACTIVE
+    traffic = _traffic_class(first((sc.TRAFFIC_CLASS,), ""), rd)
     gpu_mem = rd.count(root.attributes.get(sc.GPU_MEM_MAX_BYTES))
     if gpu_mem is not None and not 0 <= gpu_mem <= MAX_INT64:
         gpu_mem = None

@@ -60,6 +60,13 @@ TITLES: dict[str, str] = {
 }
 
 
+class Affected(list[str]):
+    """A finding's affected trace ids, worst first (the first MAX_AFFECTED), and `total`:
+    how many requests it speaks of in all."""
+
+    total: int = 0
+
+
 @dataclass(slots=True)
 class Finding:
     complaint: str
@@ -68,6 +75,9 @@ class Finding:
     impact: float
     evidence: list[dict[str, Any]]
     affected_trace_ids: list[str] = field(default_factory=list)
+    #: how many requests the finding speaks of in all (`affected_trace_ids` holds the first
+    #: MAX_AFFECTED traces); None: as many as the list
+    affected_count: int | None = None
     #: kept traces, best first: up to MAX_EXAMPLE_CANDIDATES until `pick_examples`
     example_traces: list[str] = field(default_factory=list)
     #: the fix for the cause the signal saw (a sentence), said before the complaint's generic fix
@@ -97,6 +107,9 @@ class Finding:
             "example_traces": self.example_traces,
             "fix_first": fix_first(self.complaint, self.fix_lead, self.fix_then),
             "affected_trace_ids": self.affected_trace_ids,
+            "affected_count": (
+                len(self.affected_trace_ids) if self.affected_count is None else self.affected_count
+            ),
         }
 
 
@@ -238,9 +251,10 @@ class Context:
         o = self.overview
         return int(o.get("first_ns") or 0), int(o.get("last_end_ns") or 0)
 
-    def traces(self, rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
-        """Gives (affected trace ids, kept candidate example ids) from rows of trace_id, kept."""
-        affected: list[str] = []
+    def traces(self, rows: list[dict[str, Any]]) -> tuple[Affected, list[str]]:
+        """Gives (affected trace ids, kept candidate example ids) from rows of trace_id, kept
+        and `matched` (the rows the query matched before its LIMIT: `count(*) OVER ()`)."""
+        affected = Affected()
         seen: set[str] = set()
         examples: list[str] = []
         for r in rows:
@@ -252,4 +266,5 @@ class Context:
                 affected.append(tid)
             if r.get("kept") and len(examples) < MAX_EXAMPLE_CANDIDATES:
                 examples.append(tid)
+        affected.total = max(int(rows[0].get("matched") or 0) if rows else 0, len(affected))
         return affected, examples

@@ -88,6 +88,7 @@ def _by_environment(ctx: Context, prod: dict[str, Any], base: dict[str, Any]) ->
         impact=qp * (prod["e2e_total"] or 0.0) / total + 0.3,
         evidence=evidence,
         affected_trace_ids=affected,
+        affected_count=affected.total,
         example_traces=examples,
         basis="environment",
     )
@@ -125,6 +126,7 @@ def _by_load(ctx: Context, seen: list[dict[str, Any]]) -> Finding | None:
         impact=qh * 0.5,
         evidence=evidence,
         affected_trace_ids=affected,
+        affected_count=affected.total,
         example_traces=examples,
         basis="load",
     )

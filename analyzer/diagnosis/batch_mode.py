@@ -95,5 +95,6 @@ def detect(ctx: Context) -> Finding | None:
         impact=(under["e2e_total"] or 0.0) / total + 0.3,
         evidence=evidence,
         affected_trace_ids=affected,
+        affected_count=affected.total,
         example_traces=examples,
     )

@@ -86,5 +86,6 @@ def detect(ctx: Context) -> Finding | None:
         impact=worse["queue_share"] * worse["e2e_total"] / max(h["e2e_total"] + lt["e2e_total"], 1e-9) + 0.2,
         evidence=evidence,
         affected_trace_ids=affected,
+        affected_count=affected.total,
         example_traces=examples,
     )

@@ -46,5 +46,6 @@ def detect(ctx: Context) -> Finding | None:
         impact=(cold["e2e_total"] or 0.0) / total,
         evidence=evidence,
         affected_trace_ids=affected,
+        affected_count=affected.total,
         example_traces=examples,
     )

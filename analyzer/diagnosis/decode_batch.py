@@ -185,6 +185,7 @@ def _finding(
         impact=float(tpot["decode_share"] or 0.0) * (1.0 - unloaded_ms / p50),
         evidence=evidence,
         affected_trace_ids=affected,
+        affected_count=affected.total,
         example_traces=examples,
         fix_lead=(
             f"{lead}; a lower limit on running sequences (vLLM --max-num-seqs, SGLang "

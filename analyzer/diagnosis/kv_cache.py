@@ -55,5 +55,6 @@ def detect(ctx: Context) -> Finding | None:
         impact=queue,
         evidence=evidence,
         affected_trace_ids=affected,
+        affected_count=affected.total,
         example_traces=examples,
     )

@@ -76,5 +76,6 @@ def detect(ctx: Context) -> Finding | None:
         impact=r["prefill_share"] or 0.0,
         evidence=evidence,
         affected_trace_ids=affected,
+        affected_count=affected.total,
         example_traces=examples,
     )

@@ -141,6 +141,7 @@ def _peak(ctx: Context, slices: dict[bool, dict], cls: str | None = None) -> Fin
         impact=(busy["e2e_total"] or 0.0) * qb / max(total, 1e-9) + 0.3,
         evidence=evidence,
         affected_trace_ids=affected,
+        affected_count=affected.total,
         example_traces=examples,
         fix_lead=(
             f"Add capacity for the busy {label} ({arrival_ratio:.1f}× the usual {_arrivals(cls)}): scale out "
@@ -258,6 +259,7 @@ def _saturated(ctx: Context, cls: str | None, by_arrivals: dict[bool, dict] | No
         impact=request_share if short else float(s["dominated_e2e"] or 0.0) / total,
         evidence=evidence,
         affected_trace_ids=affected,
+        affected_count=affected.total,
         example_traces=examples,
         fix_lead=(
             f"Add capacity: on average {waiting:.1f} {requests} wait while {served:.1f} are served; "

@@ -111,6 +111,7 @@ def _stalls(ctx: Context) -> Finding | None:
         impact=max(frac, float(r["stalled_decode_share"] or 0.0)),
         evidence=evidence,
         affected_trace_ids=affected,
+        affected_count=affected.total,
         example_traces=examples,
         fix_lead=chunked_prefill_fix(large) if linked else None,
     )

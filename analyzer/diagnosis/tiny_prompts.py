@@ -149,6 +149,7 @@ def detect(ctx: Context) -> Finding | None:
         impact=(tiny["before_total"] or 0.0) / total,
         evidence=evidence,
         affected_trace_ids=affected,
+        affected_count=affected.total,
         example_traces=examples,
         fix_lead=FIX_LEAD[lead].format(
             part=ms(net_mean if lead == "network" else parts.get(lead, queue_mean)), wait=ms(wait_mean)

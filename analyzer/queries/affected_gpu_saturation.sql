@@ -3,5 +3,5 @@ WITH hot AS (
     SELECT DISTINCT ts_ns // ? AS slice FROM gpu_samples
     WHERE utilization_pct >= ? AND ts_ns BETWEEN ? AND ?
 )
-SELECT trace_id, kept FROM req SEMI JOIN hot ON req.start_ns // ? = hot.slice
-ORDER BY queue_ms DESC, e2e_ms DESC LIMIT 5000
+SELECT trace_id, kept, count(*) OVER () AS matched FROM req SEMI JOIN hot ON req.start_ns // ? = hot.slice
+ORDER BY queue_ms DESC, e2e_ms DESC, trace_id LIMIT 5000

@@ -11,6 +11,8 @@ asked AS (
     FROM req
 ),
 {request_engines}
-SELECT DISTINCT trace_id, kept, queue_ms, e2e_ms FROM request_engine e SEMI JOIN hot
-    ON e.service = hot.service AND e.engine = hot.instance AND e.t0 // ? = hot.slice
-ORDER BY queue_ms DESC, e2e_ms DESC LIMIT 5000
+SELECT *, count(*) OVER () AS matched FROM (
+    SELECT DISTINCT trace_id, request_id, kept, queue_ms, e2e_ms FROM request_engine e SEMI JOIN hot
+        ON e.service = hot.service AND e.engine = hot.instance AND e.t0 // ? = hot.slice
+)
+ORDER BY queue_ms DESC, e2e_ms DESC, trace_id LIMIT 5000

@@ -1,4 +1,4 @@
 -- Streams that froze, longest gap first.
-SELECT trace_id, kept FROM req
+SELECT trace_id, kept, count(*) OVER () AS matched FROM req
 WHERE stall_count > 0
-ORDER BY itl_max_ms DESC LIMIT 5000
+ORDER BY itl_max_ms DESC, trace_id LIMIT 5000

@@ -8,6 +8,6 @@ WITH w AS (
     FROM req
     WHERE prompt_tokens <= ? AND e2e_ms > 0
 )
-SELECT trace_id, kept FROM w
+SELECT trace_id, kept, count(*) OVER () AS matched FROM w
 WHERE wait_ms > 0 AND wait_ms - first_compute_ms >= 0.5 * wait_ms
-ORDER BY wait_ms - first_compute_ms DESC LIMIT 5000
+ORDER BY wait_ms - first_compute_ms DESC, trace_id LIMIT 5000

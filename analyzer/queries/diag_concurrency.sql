@@ -6,7 +6,7 @@ WITH s AS (
     SELECT start_ns // ? AS slice, sum(prefill_ms + decode_ms) * 1e6 / ? AS in_flight, count(*) AS arrivals
     FROM req GROUP BY 1
 ),
-ranked AS (SELECT *, ntile(4) OVER (ORDER BY in_flight) AS q FROM s),
+ranked AS (SELECT *, ntile(4) OVER (ORDER BY in_flight, slice) AS q FROM s),
 r AS (
     SELECT req.*, ranked.q, ranked.in_flight
     FROM req JOIN ranked ON req.start_ns // ? = ranked.slice

@@ -11,4 +11,4 @@ SELECT
 FROM req
 WHERE environment <> ''
 GROUP BY environment
-ORDER BY n DESC
+ORDER BY n DESC, environment

@@ -11,4 +11,4 @@ SELECT
 FROM req
 WHERE tenant <> '' AND (? IS NULL OR traffic_class = ?)
 GROUP BY tenant
-ORDER BY tokens DESC, n DESC
+ORDER BY tokens DESC, n DESC, tenant

@@ -233,3 +233,21 @@ def test_sdk_token_times_without_a_prefill_phase_are_flagged() -> None:
     (r,) = summarize_trace([x for x in spans if x.name != sc.SPAN_PREFILL]).requests
     assert r.prefill_ms == 0.0 and r.queue_ms == pytest.approx(132.0)
     assert s.FLAG_PREFILL_UNMARKED in r.flags
+
+
+@pytest.mark.parametrize(
+    ("sent", "stored", "flagged"),
+    [("batch", "batch", False), (" Batch ", "batch", False), ("INTERACTIVE", "interactive", False),
+     ("<img src=x onerror=alert(1)>", "interactive", True), (7, "interactive", True), ("", "interactive", False)],
+)
+def test_the_traffic_class_is_interactive_or_batch(sent: object, stored: str, flagged: bool) -> None:
+    # DESIGN §3: the class is interactive or batch. Stored as sent, another value showed
+    # as a class of its own that neither class filter could reach.
+    from tokentrace.instrumentation import semconv as sc
+
+    spans, _ = f.sdk_trace(2.0, 40.0, 90.0, 20.0, 10)
+    req = next(x for x in spans if x.name == sc.SPAN_REQUEST)
+    req.attributes[sc.TRAFFIC_CLASS] = sent
+    (r,) = summarize_trace(spans).requests
+    assert r.traffic_class == stored
+    assert (s.FLAG_IMPOSSIBLE_VALUE in r.flags) is flagged

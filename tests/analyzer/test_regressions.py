@@ -90,3 +90,33 @@ def test_kv_pressure_names_only_its_own_replicas_requests(write_workload) -> Non
     instance = {r.trace_id: r.instance for r in w.requests}
     assert kv["affected_trace_ids"]
     assert {instance[t] for t in kv["affected_trace_ids"]} == {"i0"}
+
+
+def _affected(conn) -> dict[str, tuple[list[str], int]]:  # type: ignore[no-untyped-def]
+    return {
+        f["complaint"]: (f["affected_trace_ids"], f["affected_count"])
+        for f in build_report(conn)["findings"]
+    }
+
+
+def test_affected_requests_are_the_same_for_the_same_data_whatever_the_order(write_workload) -> None:  # type: ignore[no-untyped-def]
+    # A finding's affected requests (and the examples taken from them) are its worst first;
+    # requests that tie on the measure came in whatever order the scan gave them, so a
+    # static database showed other examples and another "all affected" list each refresh.
+    w = workloads.stutter()
+    for s in w.requests:  # many ties on the stutter's measure, the longest gap
+        s.itl_max_ms = float(round(s.itl_max_ms or 0.0, -3))
+    forward = _affected(write_workload(w, "forward.duckdb"))
+    w.requests.reverse()
+    backward = _affected(write_workload(w, "backward.duckdb"))
+    assert "stutter" in forward
+    ids, count = forward["stutter"]
+    assert len(ids) > len(set(s.itl_max_ms for s in w.requests if s.stall_count))  # ties
+    assert forward == backward
+
+
+def test_a_finding_says_how_many_requests_it_speaks_of(write_workload) -> None:  # type: ignore[no-untyped-def]
+    w = workloads.stutter()
+    stalled = sum(1 for s in w.requests if s.stall_count)
+    ids, count = _affected(write_workload(w))["stutter"]
+    assert count == stalled and len(ids) == min(stalled, 1000)
