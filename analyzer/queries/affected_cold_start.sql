@@ -2,7 +2,10 @@
 WITH firsts AS (
     SELECT *, instance <> '' AND row_number() OVER (PARTITION BY service, instance ORDER BY start_ns) = 1 AS first_seen
     FROM req
+),
+affected AS (
+    SELECT * FROM firsts
+    WHERE cold_start OR (first_seen AND (SELECT count(*) FROM firsts WHERE first_seen) >= ?)
 )
-SELECT trace_id, kept, count(*) OVER () AS matched FROM firsts
-WHERE cold_start OR (first_seen AND (SELECT count(*) FROM firsts WHERE first_seen) >= ?)
+SELECT trace_id, kept, (SELECT count(*) FROM affected) AS matched FROM affected
 ORDER BY coalesce(ttft_ms, ttft_client_ms, e2e_ms) DESC, trace_id LIMIT 5000

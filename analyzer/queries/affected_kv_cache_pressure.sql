@@ -10,9 +10,10 @@ asked AS (
            start_ns AS t0, start_ns + CAST(e2e_ms * 1e6 AS BIGINT) AS t1
     FROM req
 ),
-{request_engines}
-SELECT *, count(*) OVER () AS matched FROM (
+{request_engines},
+affected AS (
     SELECT DISTINCT trace_id, request_id, kept, queue_ms, e2e_ms FROM request_engine e SEMI JOIN hot
         ON e.service = hot.service AND e.engine = hot.instance AND e.t0 // ? = hot.slice
 )
+SELECT trace_id, kept, (SELECT count(*) FROM affected) AS matched FROM affected
 ORDER BY queue_ms DESC, e2e_ms DESC, trace_id LIMIT 5000

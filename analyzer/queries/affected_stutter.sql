@@ -1,4 +1,7 @@
 -- Streams that froze, longest gap first.
-SELECT trace_id, kept, count(*) OVER () AS matched FROM req
-WHERE stall_count > 0
+WITH affected AS (
+    SELECT * FROM req
+    WHERE stall_count > 0
+)
+SELECT trace_id, kept, (SELECT count(*) FROM affected) AS matched FROM affected
 ORDER BY itl_max_ms DESC, trace_id LIMIT 5000

@@ -1,4 +1,7 @@
 -- Requests of the suffering tenants (list ?), most queued first.
-SELECT trace_id, kept, count(*) OVER () AS matched FROM req
-WHERE list_contains(?, tenant)
+WITH affected AS (
+    SELECT * FROM req
+    WHERE list_contains(?, tenant)
+)
+SELECT trace_id, kept, (SELECT count(*) FROM affected) AS matched FROM affected
 ORDER BY queue_ms DESC, trace_id LIMIT 5000

@@ -7,7 +7,10 @@ WITH w AS (
                 ELSE prefill_ms END AS first_compute_ms
     FROM req
     WHERE prompt_tokens <= ? AND e2e_ms > 0
+),
+affected AS (
+    SELECT * FROM w
+    WHERE wait_ms > 0 AND wait_ms - first_compute_ms >= 0.5 * wait_ms
 )
-SELECT trace_id, kept, count(*) OVER () AS matched FROM w
-WHERE wait_ms > 0 AND wait_ms - first_compute_ms >= 0.5 * wait_ms
+SELECT trace_id, kept, (SELECT count(*) FROM affected) AS matched FROM affected
 ORDER BY wait_ms - first_compute_ms DESC, trace_id LIMIT 5000
