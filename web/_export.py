@@ -6,7 +6,8 @@ import json
 from typing import Any
 
 from tokentrace.instrumentation import semconv as sc
-from tokentrace.web._timeline import token_times_ns
+from tokentrace.web._long_values import bounded_attributes
+from tokentrace.web._timeline import MAX_TIMES_DRAWN, thin_times, token_times_ns
 
 
 def _any_value(value: Any) -> dict[str, Any]:
@@ -88,9 +89,17 @@ def _lane(lanes: list[list[int]], start: int, end: int) -> int:
 
 
 def to_chrome_trace(trace_id: str, spans: list[dict[str, Any]], steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """Gives Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev): spans, tokens, engine steps."""
+    """Gives Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev): spans, tokens, engine steps.
+
+    Bounded however many token times a request span carries: at most MAX_TIMES_DRAWN token
+    instants per request, thinned as the trace page's timeline thins its ticks (each named by
+    its number among them all), and list attributes summarized in the spans' args, as on the
+    page (a million token offsets made a 99 MB file, built in memory). `otherData` says how
+    many token times were left out; every one is in the OTLP JSON export.
+    """
     t0 = min((s["start_ns"] for s in spans), default=0)
     events: list[dict[str, Any]] = []
+    tokens_left_out = 0
     pids: dict[str, int] = {}
     lanes: dict[int, list[list[int]]] = {}
     for s in sorted(spans, key=lambda s: (s["start_ns"], -s["end_ns"])):
@@ -106,20 +115,23 @@ def to_chrome_trace(trace_id: str, spans: list[dict[str, Any]], steps: list[dict
                 "dur": max(0, s["end_ns"] - s["start_ns"]) / 1000,
                 "pid": pid,
                 "tid": tid,
-                "args": {"span_id": s["span_id"], **{str(k): v for k, v in s["attributes"].items()}},
+                "args": {"span_id": s["span_id"], **bounded_attributes(s["attributes"], trace_id)},
             }
         )
         for e in s["events"]:
             events.append(
                 {"name": str(e.get("name", "")), "cat": "event", "ph": "i", "s": "t",
                  "ts": (int(e.get("time_ns") or 0) - t0) / 1000, "pid": pid, "tid": tid,
-                 "args": e.get("attributes") or {}}
+                 "args": bounded_attributes(e.get("attributes") or {}, trace_id)}
             )  # fmt: skip
         if s["name"] == sc.SPAN_REQUEST:
-            for i, t in enumerate(token_times_ns(s)):
+            tokens = token_times_ns(s)
+            drawn = thin_times(tokens, s["start_ns"], max([s["end_ns"], s["start_ns"] + 1, *tokens]))
+            tokens_left_out += len(tokens) - len(drawn)
+            for i in drawn:
                 events.append(
                     {"name": f"token {i + 1}", "cat": "token", "ph": "i", "s": "t",
-                     "ts": (t - t0) / 1000, "pid": pid, "tid": tid}
+                     "ts": (tokens[i] - t0) / 1000, "pid": pid, "tid": tid}
                 )  # fmt: skip
     engine_pid = len(pids) + 1
     for step in steps:
@@ -138,4 +150,11 @@ def to_chrome_trace(trace_id: str, spans: list[dict[str, Any]], steps: list[dict
     meta = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}} for name, pid in pids.items()]
     if steps:
         meta.append({"name": "process_name", "ph": "M", "pid": engine_pid, "args": {"name": "engine steps"}})
-    return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": {"trace_id": trace_id}}
+    other: dict[str, Any] = {"trace_id": trace_id}
+    if tokens_left_out:
+        other["tokens_not_drawn"] = tokens_left_out
+        other["note"] = (
+            f"at most {MAX_TIMES_DRAWN:,} token instants per request; "
+            f"{tokens_left_out:,} token times left out are in /api/trace/{trace_id}/otlp.json"
+        )
+    return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}

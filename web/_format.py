@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import jinja2
+from markupsafe import Markup
 
 from tokentrace._words import noun
 from tokentrace.analyzer.diagnosis import COMPLAINTS, TITLES
@@ -67,6 +68,20 @@ def when(ns: Any) -> str:
     return dt.strftime("%Y-%m-%d %H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
 
+def ago(seconds: Any) -> str:
+    """Gives how long ago something happened, `seconds` ago: 'just now', '42 s ago', '3 min ago'."""
+    if seconds is None:
+        return "—"
+    s = int(float(seconds))
+    if s < 1:
+        return "just now"
+    if s < 60:
+        return f"{s} s ago"
+    if s < 3600:
+        return f"{s // 60} min ago"
+    return f"{s // 3600} h ago"
+
+
 def qs(params: dict[str, Any], **override: Any) -> str:
     """Gives a query string from `params` with `override` applied (None removes a key)."""
     merged = {**params, **override}
@@ -78,8 +93,38 @@ def value(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
 
 
+#: Most characters of one value a page shows: a span may carry a 100 KB model name or
+#: attribute, which would make the page megabytes wide and long. Longer ones are cut here.
+MAX_SHOWN_CHARS = 1_000
+#: What follows a cut value: how long it is and where the whole of it is.
+CLIPPED_NOTE = "… {chars} characters in all; the whole value is in the trace's OTLP JSON export"
+
+
+def clip_note(chars: int) -> str:
+    """Gives the note after a value cut at MAX_SHOWN_CHARS, saying its length and where the rest is."""
+    return CLIPPED_NOTE.format(chars=f"{chars:,}")
+
+
+def clip(v: Any, most: int = MAX_SHOWN_CHARS) -> str:
+    """Gives `v` as text of at most `most` characters; a longer value is cut, followed by a
+    note (`CLIPPED_NOTE`) in a `small.clipped`. The value is escaped either way."""
+    text = "" if v is None else v if isinstance(v, str) else str(v)
+    if len(text) <= most:
+        return text  # a plain str: autoescape escapes it
+    return Markup('{}<small class="clipped">{}</small>').format(text[:most], clip_note(len(text)))
+
+
+def cut(v: Any, most: int = MAX_SHOWN_CHARS) -> str:
+    """Gives `v` as plain text of at most `most` characters, "…" marking a cut: for attribute
+    values (a `title`, an `<option>`), which hold no markup."""
+    text = "" if v is None else v if isinstance(v, str) else str(v)
+    return text if len(text) <= most else text[:most] + "…"
+
+
 def install(env: jinja2.Environment) -> None:
-    env.filters.update(ms=ms, num=num, counted=counted, pct=pct, when=when, value=value)
+    env.filters.update(
+        ms=ms, num=num, counted=counted, pct=pct, when=when, value=value, clip=clip, cut=cut, ago=ago
+    )
     env.globals.update(
         qs=qs, checks=CHECKS, min_diagnosis_requests=MIN_REQUESTS, coverage_notes=coverage_notes,
         approximate=approximate, itl_approximate=ITL_APPROXIMATE, latency_terms=LATENCY_TERMS,

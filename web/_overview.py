@@ -102,7 +102,7 @@ def _with_empty_bins(rows: list[tuple[Any, ...]], bins: int) -> list[tuple[Any, 
         return rows
     have = {int(r[0]): r for r in rows}
     last = max([bins - 1, *have])
-    empty = (0, None, None, None, None) + (None,) * len(BUCKETS)
+    empty = (0, None, None, None, None) + (None,) * len(BUCKETS) + (0,)
     return [have.get(i, (i, *empty)) for i in range(last + 1)]
 
 
@@ -129,6 +129,7 @@ def overview_data(
     series: dict[str, Any] = {"bin_s": None, "t": [], "n": [], "rps": [], "share": {b: [] for b in BUCKETS}}
     for m in METRICS:
         series[m] = {p: [] for p in PERCENTILES}
+    ttft_client_requests = 0
     if first is not None and last is not None and report["requests"]["count"]:
         step = bin_seconds(max(1, int(last) - int(first)))
         bin_ns = step * 10**9
@@ -138,7 +139,8 @@ def overview_data(
             rows = cur.execute(f"{cte}\n{queries.load('overview_series')}", [*params, origin, bin_ns]).fetchall()
         series["bin_s"] = step
         for row in _with_empty_bins(rows, (int(last) - origin) // bin_ns + 1):
-            bin_index, count, e2e, ttft, tpot, itl, *totals = row
+            bin_index, count, e2e, ttft, tpot, itl, *totals, with_user_ttft = row
+            ttft_client_requests += with_user_ttft
             series["t"].append((origin + bin_index * bin_ns) / 1e9)
             series["n"].append(count)
             series["rps"].append(round(count / step, 4))
@@ -160,6 +162,9 @@ def overview_data(
         "report_busy": busy,
         "report_refreshing": refreshing,
         "report_compute_s": None if cached is None else round(cached.compute_s, 3),
+        "report_age_s": None if cached is None else round(reports.age_s(cached), 3),
         "services": None if cached is None else cached.services,
         "series": series,
+        # the requests whose client span measured the user's TTFT: its card is over these
+        "ttft_client_requests": ttft_client_requests,
     }

@@ -12,7 +12,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tokentrace.analyzer.filters import Filters
@@ -41,9 +41,15 @@ _COMPLAINT_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 #: Filter values come from span data (model, tenant, service names): the drop-downs
 #: offer what is stored, so the bound is generous; it only keeps parsing bounded.
 MAX_FILTER_TEXT = 1_000
-#: A cursor carries a row's sort key, trace id and request id, base64'd: request
-#: ids are whatever a sender wrote.
-_MAX_CURSOR = 8_000
+#: A text column sorts on its first SORT_PREFIX_CHARS characters (then trace id and the hash of
+#: the request id): the cursor carries that prefix, so its size does not grow with what a sender wrote.
+SORT_PREFIX_CHARS = 200
+#: A cursor is base64 of the JSON [sort key, trace id, hash of the request id]: at most a
+#: prefix of SORT_PREFIX_CHARS characters, each at most 6 bytes of JSON ("\u0000"), 64 hex
+#: digits and a UBIGINT, about 1,800 characters in all.
+_MAX_CURSOR = 2_000
+#: The request id's hash (DuckDB's `hash`) is a UBIGINT.
+_MAX_UBIGINT = 2**64 - 1
 #: Times are unix nanoseconds in BIGINT columns: 1970-01-01 up to 2262-04-11.
 _MAX_TIME_NS = 2**63 - 1
 #: Most rows a LIMIT takes (a BIGINT); a cursor's numbers are BIGINT or DOUBLE values of a row.
@@ -115,6 +121,10 @@ class ViewFilters:
     tenant: str | None = None
     traffic_class: str | None = None
     service: str | None = None
+    #: `start` / `end` as the user typed them (an ISO time, or ns): links and the form's from/to
+    #: boxes give them back as typed. Not part of the filters' identity (the report cache's key).
+    start_text: str | None = field(default=None, compare=False)
+    end_text: str | None = field(default=None, compare=False)
 
     def resolve(self, newest_ns: int | None) -> Filters:
         """Gives the analyzer's Filters, the window ending at the newest request."""
@@ -128,8 +138,8 @@ class ViewFilters:
         """Gives the filters as query-string values, for links that keep them."""
         out = {"window": self.window} if self.window != DEFAULT_WINDOW else {}
         for key, value in (
-            ("start", self.start_ns),
-            ("end", self.end_ns),
+            ("start", self.start_text or self.start_ns),
+            ("end", self.end_text or self.end_ns),
             ("model", self.model),
             ("tenant", self.tenant),
             ("class", self.traffic_class),
@@ -158,6 +168,8 @@ def parse_view_filters(params: Mapping[str, str]) -> ViewFilters:
         window=window,
         start_ns=start,
         end_ns=end,
+        start_text=_text(params, "start") if start is not None else None,
+        end_text=_text(params, "end") if end is not None else None,
         model=_text(params, "model"),
         tenant=_text(params, "tenant"),
         traffic_class=traffic_class,
@@ -239,8 +251,9 @@ def _flag(params: Mapping[str, str], name: str) -> bool:
 
 
 def encode_cursor(key: tuple[Any, ...]) -> str:
-    """Gives the opaque keyset cursor for the row with sort key `key`."""
-    return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode().rstrip("=")
+    """Gives the opaque keyset cursor for `key`: (sort key, trace id, hash of the request id)."""
+    text = json.dumps(list(key), ensure_ascii=False, separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
 def decode_cursor(raw: str) -> tuple[Any, ...]:
@@ -253,10 +266,15 @@ def decode_cursor(raw: str) -> tuple[Any, ...]:
         not isinstance(key, list)
         or len(key) != 3
         or not all(isinstance(k, (str, int, float)) and not isinstance(k, bool) for k in key)
-        or not all(isinstance(k, str) for k in key[1:])
-        # a row's sort key is a BIGINT or a finite DOUBLE: anything else DuckDB refuses to compare
+        or not isinstance(key[1], str)
+        or not isinstance(key[2], int)
+        # a row's sort key is a BIGINT, a finite DOUBLE or a text's prefix: anything else
+        # DuckDB refuses to compare
         or (isinstance(key[0], int) and not -_MAX_BIGINT - 1 <= key[0] <= _MAX_BIGINT)
         or (isinstance(key[0], float) and not math.isfinite(key[0]))
+        or (isinstance(key[0], str) and len(key[0]) > SORT_PREFIX_CHARS)
+        or not _ID_RE.fullmatch(key[1])
+        or not 0 <= key[2] <= _MAX_UBIGINT
     ):
         raise ParamError("after is not a cursor this page gave out")
     return tuple(key)
@@ -282,12 +300,20 @@ def parse_search(params: Mapping[str, str]) -> SearchParams:
             f"limit must be an integer {PAGE_SIZES[0]}..{PAGE_SIZES[1]}, not {raw_limit!r}"
         )
     after_raw = _text(params, "after", _MAX_CURSOR)
+    bounds = {name: _float(params, name) for name in ("min_e2e", "max_e2e", "min_ttft", "max_ttft")}
+    for measure in ("e2e", "ttft"):
+        low, high = bounds[f"min_{measure}"], bounds[f"max_{measure}"]
+        if low is not None and high is not None and low > high:
+            raise ParamError(
+                f"min_{measure} ({low:g} ms) is more than max_{measure} ({high:g} ms): "
+                "no request could match"
+            )
     out = SearchParams(
         view=view,
-        min_e2e_ms=_float(params, "min_e2e"),
-        max_e2e_ms=_float(params, "max_e2e"),
-        min_ttft_ms=_float(params, "min_ttft"),
-        max_ttft_ms=_float(params, "max_ttft"),
+        min_e2e_ms=bounds["min_e2e"],
+        max_e2e_ms=bounds["max_e2e"],
+        min_ttft_ms=bounds["min_ttft"],
+        max_ttft_ms=bounds["max_ttft"],
         bucket=bucket,
         complaint=complaint,
         kept_only=_flag(params, "kept"),

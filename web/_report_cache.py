@@ -75,6 +75,10 @@ class ReportCache:
         self._pending: dict[ViewFilters, Future[CachedReport]] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokentrace-report")
 
+    def age_s(self, entry: CachedReport) -> float:
+        """Gives how many seconds ago `entry` was computed (pages say it: a served report may be stale)."""
+        return max(0.0, self._clock() - entry.computed_at)
+
     def _compute(self, view: ViewFilters) -> CachedReport:
         from tokentrace.web._overview import newest_start_ns
 

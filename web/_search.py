@@ -1,19 +1,25 @@
 """The search page's data: filtered requests, keyset-paged on any sortable column.
 
-Paging is by keyset — `(sort key, trace_id, request_id)` strictly after the
-last row shown — so page 1000 costs what page 1 costs on a million requests.
+Paging is by keyset — `(sort key, trace_id, hash(request_id))` strictly after
+the last row shown — so page 1000 costs what page 1 costs on a million requests.
+The cursor carries no value as a sender wrote it: a request id may be 100,000
+characters, so it is tied on by its hash (a UBIGINT), and a text column sorts on
+its first SORT_PREFIX_CHARS characters.  DuckDB's `hash` rather than `md5`: md5
+of every request id costs ~70 ms a page on a million requests, `hash` ~7 ms.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import duckdb
 
 from tokentrace.analyzer.diagnosis import COMPLAINTS, TITLES
+from tokentrace.analyzer.diagnosis._base import MAX_AFFECTED
 from tokentrace.web._db import fetch_dicts, table_columns, time_limit
 from tokentrace.web._overview import newest_start_ns
-from tokentrace.web._params import ParamError, SearchParams
+from tokentrace.web._params import SORT_PREFIX_CHARS, SORTABLE, ParamError, SearchParams
 
 #: Columns each result row shows (read by name: missing ones are left out).
 RESULT_COLUMNS = (
@@ -33,17 +39,52 @@ DOMINANT_BUCKET_SQL = (
 
 def complaint_trace_ids(report: dict[str, Any], complaint: str) -> list[str] | None:
     """Gives the trace ids the current finding `complaint` of `report` names, None when there is no such finding."""
+    finding = _finding(report, complaint)
+    if finding is None:
+        return None
+    ids = finding.get("affected_trace_ids") or finding.get("example_traces") or []
+    return [str(i) for i in ids]
+
+
+def _finding(report: dict[str, Any], complaint: str) -> dict[str, Any] | None:
     for finding in report.get("findings", []):
         if finding.get("complaint") == complaint:
-            ids = finding.get("affected_trace_ids") or finding.get("example_traces") or []
-            return [str(i) for i in ids]
+            return dict(finding)
     return None
 
 
+def affected_note(finding: dict[str, Any] | None, listed: int) -> str | None:
+    """Gives the note saying a finding's requests are more than its `listed` trace ids (the
+    analyzer keeps the first MAX_AFFECTED, `affected_count` says how many there are); None
+    when it does not say or they are all listed."""
+    count = (finding or {}).get("affected_count")
+    if not isinstance(count, int) or isinstance(count, bool) or count <= listed:
+        return None
+    return (
+        f"These are the first {listed:,} of {count:,} affected requests "
+        f"(a finding lists at most {MAX_AFFECTED:,})."
+    )
+
+
+#: The tie-break after the sort key and trace id: fixed-size, whatever the request id is.
+REQUEST_TIEBREAK_SQL = "hash(request_id)"
+
+
 def _sort_key(column: str, dtype: str) -> str:
-    # NULL ("not measured") sorts as the smallest value so keyset comparisons stay total
-    sentinel = "''" if dtype == "VARCHAR" else "-1"
-    return f'coalesce("{column}", {sentinel})'
+    # NULL ("not measured") sorts as the smallest value so keyset comparisons stay total;
+    # a text sorts by its first SORT_PREFIX_CHARS characters, which the cursor carries
+    if dtype == "VARCHAR":
+        return f'left(coalesce("{column}", \'\'), {SORT_PREFIX_CHARS})'
+    return f'coalesce("{column}", -1)'
+
+
+def search_error(query: Mapping[str, str], message: str) -> dict[str, Any]:
+    """Gives the search page's data when its parameters are refused: no rows, the `error`, and
+    the sort and order of `query` where they are valid (the form keeps them)."""
+    sort = query.get("sort") if query.get("sort") in SORTABLE else "start_ns"
+    order = query.get("order") if query.get("order") in ("asc", "desc") else "desc"
+    return {"filters": {}, "sort": sort, "order": order, "columns": [], "total": 0, "rows": [],
+            "truncated": False, "next": None, "note": None, "error": message}  # fmt: skip
 
 
 def search_data(
@@ -98,6 +139,8 @@ def _search(
         elif ids is None:
             note = f"This window has no {p.complaint!r} finding ({TITLES[p.complaint]}): nothing matches."
             ids = []
+        else:
+            note = affected_note(_finding(report or {}, p.complaint), len(ids))
         clauses.append("trace_id IN (SELECT unnest(?::VARCHAR[]))")
         params.append(ids)
     base_where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
@@ -109,16 +152,16 @@ def _search(
     page_params = list(params)
     if p.after is not None:
         op = "<" if p.descending else ">"
-        page_clauses.append(f"({key}, trace_id, request_id) {op} (?, ?, ?)")
+        page_clauses.append(f"({key}, trace_id, {REQUEST_TIEBREAK_SQL}) {op} (?, ?, ?)")
         page_params.extend(p.after)
     page_where = ("WHERE " + " AND ".join(page_clauses)) if page_clauses else ""
     direction = "DESC" if p.descending else "ASC"
     columns = [c for c in RESULT_COLUMNS if c in schema]
     select = ", ".join(f'"{c}"' for c in columns)
     sql = (
-        f"SELECT {select}, {DOMINANT_BUCKET_SQL} AS dominant_bucket, {key} AS sort_key "  # noqa: S608
-        f"FROM requests {page_where} "
-        f"ORDER BY sort_key {direction}, trace_id {direction}, request_id {direction} LIMIT ?"
+        f"SELECT {select}, {DOMINANT_BUCKET_SQL} AS dominant_bucket, {key} AS sort_key, "  # noqa: S608
+        f"{REQUEST_TIEBREAK_SQL} AS request_tiebreak FROM requests {page_where} "
+        f"ORDER BY sort_key {direction}, trace_id {direction}, request_tiebreak {direction} LIMIT ?"
     )
     rows, more = fetch_dicts(cur, sql, [*page_params, p.limit + 1], cap=p.limit)
     with time_limit(cur):
@@ -126,9 +169,10 @@ def _search(
     next_cursor = None
     if more and rows:
         last = rows[-1]
-        next_cursor = (last["sort_key"], last["trace_id"], last["request_id"])
+        next_cursor = (last["sort_key"], last["trace_id"], last["request_tiebreak"])
     for row in rows:
         row.pop("sort_key")
+        row.pop("request_tiebreak")
     return {
         "filters": p.query(after=None),
         "sort": p.sort,

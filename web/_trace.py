@@ -12,6 +12,7 @@ from tokentrace.collector import sampling
 from tokentrace.instrumentation import semconv as sc
 from tokentrace.web import queries
 from tokentrace.web._db import fetch_dicts, time_limit
+from tokentrace.web._long_values import bounded_attributes
 from tokentrace.web._params import ParamError
 from tokentrace.web._timeline import build_timeline, client_chunk_times_ns, token_times_ns
 
@@ -70,7 +71,26 @@ MIN_PREFIX = 8
 
 
 class TraceNotFound(LookupError):
-    """No request summary and no span has this trace id."""
+    """No request summary and no span has this trace id (or, for an export, no kept span)."""
+
+
+class SpansNotKept(TraceNotFound):
+    """The trace's request summary is stored but its spans were sampled out (an export has none)."""
+
+
+def kept_spans(cur: duckdb.DuckDBPyConnection, trace_id: str) -> list[dict[str, Any]]:
+    """Gives the trace's stored spans for an export; raises SpansNotKept when its spans were
+    sampled out (its request summary is stored), TraceNotFound when there is no such trace."""
+    spans, _ = load_spans(cur, trace_id)
+    if spans:
+        return spans
+    summary = cur.execute("SELECT 1 FROM requests WHERE trace_id = ? LIMIT 1", [trace_id]).fetchone()
+    if summary is not None:
+        raise SpansNotKept(
+            f"no kept spans for trace id {trace_id}: its spans were sampled out "
+            f"(its request summary is at /trace/{trace_id})"
+        )
+    raise TraceNotFound(f"no request or span with trace id {trace_id}")
 
 
 def resolve_trace_prefix(cur: duckdb.DuckDBPyConnection, trace_id: str) -> str:
@@ -116,8 +136,9 @@ def load_spans(cur: duckdb.DuckDBPyConnection, trace_id: str) -> tuple[list[dict
     return rows, truncated
 
 
-def waterfall(spans: list[dict[str, Any]], t0: int, t1: int) -> list[dict[str, Any]]:
-    """Gives the spans depth-first (children by start), each with depth and bar position in %."""
+def waterfall(spans: list[dict[str, Any]], t0: int, t1: int, trace_id: str) -> list[dict[str, Any]]:
+    """Gives the spans depth-first (children by start), each with depth and bar position in %;
+    list attributes too long to carry whole are summarized (`_long_values.bounded_attributes`)."""
     ids = {s["span_id"] for s in spans}
     children: dict[str, list[dict[str, Any]]] = {}
     roots = []
@@ -158,12 +179,20 @@ def waterfall(spans: list[dict[str, Any]], t0: int, t1: int) -> list[dict[str, A
                 "duration_ms": round(max(0, span["end_ns"] - span["start_ns"]) / 1e6, 3),
                 "left_pct": round((span["start_ns"] - t0) / total * 100, 3),
                 "width_pct": round(max(0, span["end_ns"] - span["start_ns"]) / total * 100, 3),
-                "attributes": span["attributes"],
+                "attributes": bounded_attributes(span["attributes"], trace_id),
                 "events": [
-                    {**e, "offset_ms": round((int(e.get("time_ns") or 0) - t0) / 1e6, 3)} for e in span["events"]
+                    {
+                        **e,
+                        "attributes": bounded_attributes(e.get("attributes") or {}, trace_id),
+                        "offset_ms": round((int(e.get("time_ns") or 0) - t0) / 1e6, 3),
+                    }
+                    for e in span["events"]
                 ],
-                "links": span["links"],
-                "resource": span["resource"],
+                "links": [
+                    {**lk, "attributes": bounded_attributes(lk.get("attributes") or {}, trace_id)}
+                    for lk in span["links"]
+                ],
+                "resource": bounded_attributes(span["resource"], trace_id),
             }
         )
         stack.extend((k, depth + 1, span["span_id"]) for k in reversed(kids))
@@ -294,7 +323,7 @@ def trace_data(cur: duckdb.DuckDBPyConnection, trace_id: str) -> dict[str, Any]:
         "start_ns": t0,
         "duration_ms": round((t1 - t0) / 1e6, 3),
         "kept": {**kept[0], "why": kept_why(str(kept[0]["reason"]))} if kept else None,
-        "spans": waterfall(spans, t0, t1),
+        "spans": waterfall(spans, t0, t1, trace_id),
         "span_count": len(spans),
         "spans_truncated": spans_truncated,
         "requests": [_request_view(cur, r, spans) for r in requests],

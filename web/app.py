@@ -51,8 +51,15 @@ from tokentrace.web._report_cache import (
     ReportCache,
     ReportsBusy,
 )
-from tokentrace.web._search import search_data
-from tokentrace.web._trace import TraceNotFound, load_spans, resolve_trace_prefix, trace_data
+from tokentrace.web._search import search_data, search_error
+from tokentrace.web._span_details import span_details
+from tokentrace.web._trace import (
+    SpansNotKept,
+    TraceNotFound,
+    kept_spans,
+    resolve_trace_prefix,
+    trace_data,
+)
 
 logger = logging.getLogger("tokentrace.web")
 HERE = Path(__file__).parent
@@ -87,9 +94,25 @@ def error_status(exc: Exception) -> tuple[int, str]:
     return 500, "internal error; see the server log"
 
 
-def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
-    """Gives the explorer app over `settings.db` (read through `collector.conn` when given)."""
+def retention_note(settings: Any) -> str | None:
+    """Gives what a missing trace's 404 adds when the server deletes old data (`--retention`):
+    a trace a cached diagnosis names, or a link kept from before, may have been deleted since."""
+    retention = getattr(settings, "retention", None)
+    if getattr(settings, "retention_s", None) is None or not retention:
+        return None
+    return (
+        f"this server deletes data older than {retention} (--retention {retention}), so the "
+        "trace may have been deleted since a page (or a diagnosis computed earlier) named it"
+    )
+
+
+def create_web_app(
+    settings: Any, collector: Any = None, clock: Callable[[], float] = time.monotonic
+) -> FastAPI:
+    """Gives the explorer app over `settings.db` (read through `collector.conn` when given);
+    `clock` (monotonic seconds) dates the cached diagnosis reports, which pages say the age of."""
     db = Database(Path(settings.db), collector)
+    deleted_note = retention_note(settings)
     token: str | None = getattr(settings, "api_token", None) or None
     app = FastAPI(title="tokentrace", docs_url=None, redoc_url=None, openapi_url=None)
     # autoescape everything, not only *.html: every value from spans is untrusted
@@ -105,7 +128,7 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
             "grpc": host_port(otlp_host, settings.grpc_port),
         }
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
-    reports = ReportCache(db)
+    reports = ReportCache(db, clock)
     app.state.db = db
     app.state.reports = reports
     choices_cache: dict[str, Any] = {}
@@ -139,6 +162,9 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
 
     def fail(request: Request, exc: Exception) -> Response:
         status, message = error_status(exc)
+        # a trace of which nothing is stored may have been deleted since a page named it
+        if isinstance(exc, TraceNotFound) and not isinstance(exc, SpansNotKept) and deleted_note:
+            message = f"{message}; {deleted_note}"
         if status == 500:
             logger.exception("web request %s failed", request.url.path, exc_info=exc)
         # too many distinct diagnoses pending: say when to come back
@@ -210,13 +236,20 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
 
     @app.get("/search", response_class=HTMLResponse)
     async def search_page(request: Request) -> Response:
-        params = parse_search(request.query_params)
-        data = await search(params)
-        return await run_in_threadpool(
+        try:
+            params: Any = parse_search(request.query_params)
+            data = await search(params)
+            status = 200
+        except ParamError as exc:
+            # the form again, as typed, with what is wrong beside it (a 400 all the same)
+            params, data, status = None, search_error(request.query_params, str(exc)), 400
+        response = await run_in_threadpool(
             lambda: page(
                 request, "search.html", data, page_name="search", choices=choices(), params=params
             )
         )
+        response.status_code = status
+        return response
 
     @app.get("/api/search")
     async def search_api(request: Request) -> Response:
@@ -235,7 +268,9 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
         tid = parse_trace_id(trace_id)
         with db.cursor() as cur:
             data = trace_data(cur, tid)
-        return page(request, "trace.html", data, page_name="trace")
+        return page(
+            request, "trace.html", data, page_name="trace", details=span_details(data["spans"])
+        )
 
     @app.get("/api/trace/{trace_id}")
     def trace_api(request: Request, trace_id: str) -> Response:
@@ -247,9 +282,7 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
     def trace_otlp(request: Request, trace_id: str) -> Response:
         tid = parse_trace_id(trace_id)
         with db.cursor() as cur:
-            spans, _ = load_spans(cur, tid)
-        if not spans:
-            raise TraceNotFound(f"no kept spans for trace id {tid} (its spans were sampled out)")
+            spans = kept_spans(cur, tid)
         return DataJSONResponse(
             to_otlp_json(tid, spans),
             headers={"Content-Disposition": f'attachment; filename="trace-{tid}.otlp.json"'},
@@ -259,11 +292,7 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
     def trace_chrome(request: Request, trace_id: str) -> Response:
         tid = parse_trace_id(trace_id)
         with db.cursor() as cur:
-            spans, _ = load_spans(cur, tid)
-            if not spans:
-                raise TraceNotFound(
-                    f"no kept spans for trace id {tid} (its spans were sampled out)"
-                )
+            spans = kept_spans(cur, tid)
             steps = _steps_of_trace(cur, tid)
         return DataJSONResponse(
             to_chrome_trace(tid, spans, steps),
@@ -298,6 +327,7 @@ def create_web_app(settings: Any, collector: Any = None) -> FastAPI:
             "window": view.window,
             "report": report,
             "report_compute_s": round(cached.compute_s, 3),
+            "report_age_s": round(reports.age_s(cached), 3),
             "report_refreshing": refreshing,
             "services": cached.services,
         }

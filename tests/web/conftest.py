@@ -118,6 +118,43 @@ def two_services(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factor
     )
 
 
+#: Spans added to the many-spans database's first kept trace (the reviewer's agent trace had 5,000).
+MANY_SPANS = 4_000
+
+
+@pytest.fixture(scope="session")
+def many_spans(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
+    """A copy of the generated database whose first kept trace (by trace id) has MANY_SPANS more
+    spans under its request span, as an agent's tool calls: the first hundred its children, each
+    of the rest a child of one of those."""
+    yield from _edited_copy(
+        generated,
+        tmp_path_factory,
+        "webdb-many-spans",
+        (
+            "INSERT INTO spans SELECT s.trace_id, printf('%016x', 1000000 + i), "
+            "CASE WHEN i < 100 THEN s.span_id ELSE printf('%016x', 1000000 + i % 100) END, "
+            "'tool.call ' || i, 1, s.start_ns + i * 1000, s.start_ns + i * 1000 + 500000, 0, '', "
+            "s.service_name, 'tools', json_object('k', i, 'db.statement', 'SELECT ' || i), '[]', '[]', s.resource "
+            "FROM spans s, range(?) t(i) WHERE s.span_id = (SELECT span_id FROM spans WHERE name = ? "
+            "ORDER BY trace_id LIMIT 1)",
+            [MANY_SPANS, "tokentrace.request"],
+        ),
+    )
+
+
+@pytest.fixture(scope="session")
+def few_user_ttft(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
+    """A copy of the generated database in which only the first request's client span measured
+    the user's TTFT (the others came without one)."""
+    yield from _edited_copy(
+        generated,
+        tmp_path_factory,
+        "webdb-few-user-ttft",
+        ("UPDATE requests SET ttft_client_ms = NULL WHERE request_id <> 'req-0000'", []),
+    )
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """Gives a headless Chromium (Debian's) driven by Playwright, one per test module."""

@@ -65,6 +65,24 @@ def test_search_sorts_and_pages(web: WebServer, page: Any, tmp_path: Path) -> No
     assert page.js_errors == []
 
 
+def test_a_bad_number_in_the_search_form_is_said_beside_the_form(web: WebServer, page: Any) -> None:
+    page.goto(web.url + "/search")
+    page.fill("input[name=start]", "2026-01-01T00:00:10Z")
+    page.fill("input[name=min_e2e]", "fast")
+    page.locator("form.filters button").click()
+    page.wait_for_url("**min_e2e=fast**")
+    assert page.locator("#search-error").inner_text() == "min_e2e must be a number of milliseconds, not 'fast'"
+    assert page.input_value("input[name=min_e2e]") == "fast"
+    assert page.input_value("input[name=start]") == "2026-01-01T00:00:10Z"
+    # fixed in place, the search runs
+    page.fill("input[name=min_e2e]", "300")
+    page.locator("form.filters button").click()
+    page.wait_for_url("**min_e2e=300**")
+    assert page.locator("#search-error").count() == 0 and page.locator("table.results").count() == 1
+    assert page.input_value("input[name=start]") == "2026-01-01T00:00:10Z"
+    assert page.js_errors == []
+
+
 def test_trace_waterfall_collapses_and_shows_details(web: WebServer, page: Any, tmp_path: Path) -> None:
     stalled = next(r for r in web.requests if r.stalled)
     target = stalled if _has_spans(web, stalled.trace_id) else web.requests[0]

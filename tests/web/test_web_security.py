@@ -12,6 +12,7 @@ import html
 import json
 import logging
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,19 @@ def test_a_host_of_another_name_is_refused(web: WebServer, guarded: str, token: 
 def test_a_host_that_binds_another_address_takes_any_host(generated: tuple[Path, object]) -> None:
     with explorer(generated[0], host="0.0.0.0") as url:  # noqa: S104 - the setting, not a bind
         assert _get(url, "/api/overview", headers={"Host": "explorer.lan:8600"}).status_code == 200
+
+
+def test_pages_link_their_own_files_root_relative_whatever_the_host(web: WebServer) -> None:
+    """Behind the reverse proxy docs/web.md describes (`Host: localhost`), absolute URLs built
+    from the Host header sent remote browsers to their own localhost for the CSS and scripts."""
+    pages = ("/", "/search", "/diagnosis", f"/trace/{web.requests[0].trace_id}", "/no/such/page")
+    for host in ("localhost", "localhost:8600", "127.0.0.1"):
+        for path in pages:
+            page = _get(web.url, path, headers={"Host": host}).text
+            refs = re.findall(r'(?:href|src)="([^"]*)"', page)
+            assert "/static/app.js" in refs and "/static/app.css" in refs, (host, path)
+            absolute = [r for r in refs if not r.startswith("/") or r.startswith("//")]
+            assert absolute == [], (host, path, absolute)
 
 
 # ---- token ------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from tracegen import GeneratedRequest
 from web_testkit import explorer
 
 from tokentrace.instrumentation import semconv as sc
+from tokentrace.web._long_values import LIST_ENDS
 from tokentrace.web._timeline import (
     MAX_STALLS_LISTED,
     MAX_STEPS_PER_STALL,
@@ -232,3 +233,50 @@ def test_the_page_of_a_huge_trace_draws_a_bounded_number_of_marks_and_says_so(hu
     assert f"The {MAX_STALLS_LISTED:,} largest of {HUGE_TOKENS // HUGE_STALL_EVERY:,} stalls" in page
     # the last tick says which token it is among them all
     assert f"<title>token {HUGE_TOKENS} at" in page
+
+
+def test_the_json_twin_summarizes_the_token_lists_it_used_to_carry_whole(huge: tuple[str, str]) -> None:
+    """docs/web.md promised the JSON twin was bounded like the page: the spans' own lists were not."""
+    url, trace_id = huge
+    r = httpx.get(f"{url}/api/trace/{trace_id}", timeout=120)
+    spans = {s["name"]: s for s in r.json()["spans"]}
+    offsets = spans[sc.SPAN_REQUEST]["attributes"][sc.TOKEN_OFFSETS_US]  # packed: one JSON string
+    chunks = spans[sc.SPAN_CLIENT]["attributes"][sc.CLIENT_CHUNK_OFFSETS_US]  # an OTLP array
+    every = [(t - T0) // 1000 for t in _stalling_tokens(HUGE_TOKENS, HUGE_STALL_EVERY)]
+    for summary, values in ((offsets, every), (chunks, [o + 900 for o in every])):
+        assert summary == {
+            "count": HUGE_TOKENS, "first": values[:LIST_ENDS], "last": values[-LIST_ENDS:],
+            "all_in": f"/api/trace/{trace_id}/otlp.json",
+        }  # fmt: skip
+    # the spans no longer grow with the tokens (each list was ~100 kB here)
+    assert len(json.dumps(r.json()["spans"])) < 20_000
+    # the export keeps every value
+    otlp = httpx.get(f"{url}/api/trace/{trace_id}/otlp.json", timeout=120).json()
+    attrs = [a for rs in otlp["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"] for a in s["attributes"]]
+    packed = next(a["value"]["stringValue"] for a in attrs if a["key"] == sc.TOKEN_OFFSETS_US)
+    assert json.loads(packed) == every
+
+
+def test_the_page_summarizes_the_token_lists_in_the_span_details(huge: tuple[str, str]) -> None:
+    url, trace_id = huge
+    page = httpx.get(f"{url}/trace/{trace_id}", timeout=120).text
+    middle = [(t - T0) // 1000 for t in _stalling_tokens(HUGE_TOKENS, HUGE_STALL_EVERY)][5000:5004]
+    assert sc.pack_list(middle)[1:-1] not in page and ", ".join(map(str, middle)) not in page
+    block = page.split('<script type="application/json" id="span-details">', 1)[1].split("</script>", 1)[0]
+    shown = {k: v for span in json.loads(block)["spans"] for k, v in span["attributes"]}
+    for key in (sc.TOKEN_OFFSETS_US, sc.CLIENT_CHUNK_OFFSETS_US):
+        assert shown[key].startswith(f"{HUGE_TOKENS:,} values: [")
+        assert shown[key].endswith(f"every one is in the trace's OTLP JSON export (/api/trace/{trace_id}/otlp.json)")
+    assert len(block) < 20_000
+
+
+def test_the_chrome_export_thins_token_instants_as_the_timeline_does(huge: tuple[str, str]) -> None:
+    """A million token times made a 99 MB chrome.json, built in memory."""
+    url, trace_id = huge
+    doc = httpx.get(f"{url}/api/trace/{trace_id}/chrome.json", timeout=120).json()
+    names = [e["name"] for e in doc["traceEvents"] if e.get("cat") == "token"]
+    assert 0 < len(names) <= MAX_TIMES_DRAWN
+    assert names[0] == "token 1" and names[-1] == f"token {HUGE_TOKENS}"  # numbered among them all
+    assert doc["otherData"]["tokens_not_drawn"] == HUGE_TOKENS - len(names)
+    request = next(e for e in doc["traceEvents"] if e.get("cat") == "span" and e["name"] == sc.SPAN_REQUEST)
+    assert request["args"][sc.TOKEN_OFFSETS_US]["count"] == HUGE_TOKENS

@@ -274,43 +274,131 @@
     });
   }
 
+  // An element with a class and text (always text: span values never become markup).
+  function el(tag, cls, text) {
+    var e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text != null) e.textContent = text;
+    return e;
+  }
+
+  // A span value as web/_span_details.py gives it: its text, or [its first characters, its
+  // length], which is followed by the note saying how long it is and where the whole is.
+  function putValue(parent, v, clipNote) {
+    if (Array.isArray(v)) {
+      parent.appendChild(document.createTextNode(v[0]));
+      parent.appendChild(el("small", "clipped", clipNote.replace("{chars}", v[1].toLocaleString("en-US"))));
+    } else {
+      parent.appendChild(document.createTextNode(v));
+    }
+  }
+
+  // Rows of a key/value table: [key, value] pairs, the values in <code> where `code`.
+  function kvRows(table, pairs, clipNote, code) {
+    pairs.forEach(function (pair) {
+      var tr = table.appendChild(el("tr"));
+      putValue(tr.appendChild(el("th")), pair[0], clipNote);
+      var td = tr.appendChild(el("td"));
+      putValue(code ? td.appendChild(el("code")) : td, pair[1], clipNote);
+    });
+  }
+
+  // One span's detail panel (attributes, events, links, resource), built from the page's
+  // span-details block when its row is first clicked.
+  function spanDetail(block, i) {
+    var sp = block.spans[i], note = block.clip_note;
+    var box = el("div", "wf-detail");
+    var table = box.appendChild(el("table", "kv"));
+    var rows = sp.rows.map(function (v, k) { return [block.labels[k], v]; });
+    kvRows(table, rows.slice(0, 1), note, true);  // the span id, in <code> as the attributes
+    kvRows(table, rows.slice(1), note, false);
+    kvRows(table, sp.attributes, note, true);
+    if (sp.events.length) {
+      box.appendChild(el("h4", null, "events"));
+      var events = box.appendChild(el("table", "kv"));
+      sp.events.forEach(function (ev) {
+        var tr = events.appendChild(el("tr"));
+        tr.appendChild(el("th", null, ev[0]));
+        var td = tr.appendChild(el("td"));
+        putValue(td, ev[1], note);
+        ev[2].forEach(function (pair) {
+          td.appendChild(document.createTextNode(" "));
+          var c = td.appendChild(el("code"));
+          putValue(c, pair[0], note);
+          c.appendChild(document.createTextNode("="));
+          putValue(c, pair[1], note);
+        });
+      });
+    }
+    if (sp.links.length) {
+      box.appendChild(el("h4", null, "links"));
+      var ul = box.appendChild(el("ul"));
+      sp.links.forEach(function (lk) {
+        var li = ul.appendChild(el("li"));
+        var a = li.appendChild(el("a", null, lk[0]));
+        a.href = "/trace/" + encodeURIComponent(lk[0]);
+        li.appendChild(document.createTextNode(" / " + lk[1]));
+      });
+    }
+    var res = box.appendChild(el("details"));
+    res.appendChild(el("summary", null, "resource"));
+    kvRows(res.appendChild(el("table", "kv")), block.resources[sp.resource] || [], note, false);
+    return box;
+  }
+
+  // The waterfall: ▾ collapses a span's subtree, a click on a row shows its details. Rows are
+  // found through maps built once (a trace may have 5,000 spans: a DOM query per descendant made
+  // collapsing the root take seconds), and a detail panel is built on its row's first click.
   function waterfall() {
     var wf = document.getElementById("waterfall");
     if (!wf) return;
-    var rows = Array.prototype.slice.call(wf.querySelectorAll(".wf-row"));
-    var byParent = {};
-    rows.forEach(function (r) {
+    var block = readJSON("span-details") || { spans: [], resources: [], clip_note: "" };
+    var children = new Map(), toggles = new Map(), details = new Map();
+    wf.querySelectorAll(".wf-row").forEach(function (r) {
       var p = r.getAttribute("data-parent");
-      (byParent[p] = byParent[p] || []).push(r);
+      if (!children.has(p)) children.set(p, []);
+      children.get(p).push(r);
+      toggles.set(r, r.querySelector(".toggle"));
     });
     function setHidden(spanId, hidden) {
-      (byParent[spanId] || []).forEach(function (child) {
-        child.hidden = hidden;
-        var detail = wf.querySelector('[data-detail="' + CSS.escape(child.getAttribute("data-span")) + '"]');
-        if (detail && hidden) detail.hidden = true;
-        var t = child.querySelector(".toggle");
-        // a collapsed child keeps its own subtree collapsed when the parent reopens
-        if (!hidden && t && t.getAttribute("aria-expanded") === "false") return;
-        setHidden(child.getAttribute("data-span"), hidden);
-      });
+      var stack = [spanId];
+      while (stack.length) {
+        (children.get(stack.pop()) || []).forEach(function (child) {
+          child.hidden = hidden;
+          var detail = details.get(child);
+          if (detail && hidden) {
+            detail.hidden = true;
+            child.classList.remove("selected");
+          }
+          var t = toggles.get(child);
+          // a collapsed child keeps its own subtree collapsed when the parent reopens
+          if (!hidden && t && t.getAttribute("aria-expanded") === "false") return;
+          stack.push(child.getAttribute("data-span"));
+        });
+      }
     }
     wf.addEventListener("click", function (ev) {
       var row = ev.target.closest(".wf-row");
       if (!row) return;
-      var id = row.getAttribute("data-span");
-      if (ev.target.closest(".toggle")) {
-        var t = ev.target.closest(".toggle");
+      var t = ev.target.closest(".toggle");
+      if (t) {
         var open = t.getAttribute("aria-expanded") === "true";
         t.setAttribute("aria-expanded", open ? "false" : "true");
         t.textContent = open ? "▸" : "▾";
-        setHidden(id, open);
+        setHidden(row.getAttribute("data-span"), open);
         return;
       }
-      var detail = wf.querySelector('[data-detail="' + CSS.escape(id) + '"]');
-      if (detail) {
-        detail.hidden = !detail.hidden;
-        row.classList.toggle("selected", !detail.hidden);
+      var detail = details.get(row);
+      if (!detail) {
+        var i = Number(row.getAttribute("data-row"));
+        if (!block.spans[i]) return;
+        detail = spanDetail(block, i);
+        detail.hidden = true;
+        row.parentNode.insertBefore(detail, row.nextSibling);
+        details.set(row, detail);
       }
+      detail.hidden = !detail.hidden;
+      row.classList.toggle("selected", !detail.hidden);
     });
   }
 
