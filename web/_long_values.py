@@ -17,6 +17,8 @@ from tokentrace.instrumentation import semconv as sc
 MAX_LIST_VALUES = 1_000
 #: How many of a longer list's first and last values its summary keeps.
 LIST_ENDS = 5
+#: Most characters of one of those values a summary keeps (a list of 100 KB texts)
+ITEM_CHARS = 100
 
 
 def otlp_export_path(trace_id: str) -> str:
@@ -54,6 +56,11 @@ def _list_of(key: str, value: Any) -> list[Any] | None:
     return None
 
 
+def _item(v: Any) -> Any:
+    """Gives a list's item as a summary shows it: a text of at most ITEM_CHARS characters."""
+    return v[:ITEM_CHARS] + "…" if isinstance(v, str) and len(v) > ITEM_CHARS else v
+
+
 def bounded(key: str, value: Any, trace_id: str) -> Any:
     """Gives `value`, or its ListSummary when it is a list of more than MAX_LIST_VALUES values."""
     values = _list_of(key, value)
@@ -61,8 +68,8 @@ def bounded(key: str, value: Any, trace_id: str) -> Any:
         return value
     return ListSummary(
         count=len(values),
-        first=values[:LIST_ENDS],
-        last=values[-LIST_ENDS:],
+        first=[_item(v) for v in values[:LIST_ENDS]],
+        last=[_item(v) for v in values[-LIST_ENDS:]],
         all_in=otlp_export_path(trace_id),
     )
 

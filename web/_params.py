@@ -250,6 +250,15 @@ def _flag(params: Mapping[str, str], name: str) -> bool:
     raise ParamError(f"{name} must be 1 or 0, not {raw!r}")
 
 
+def _utf8(text: str) -> bool:
+    """Whether `text` is UTF-8 text DuckDB takes (JSON can hold lone surrogates: "\\ud800")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def encode_cursor(key: tuple[Any, ...]) -> str:
     """Gives the opaque keyset cursor for `key`: (sort key, trace id, hash of the request id)."""
     text = json.dumps(list(key), ensure_ascii=False, separators=(",", ":"))
@@ -272,7 +281,7 @@ def decode_cursor(raw: str) -> tuple[Any, ...]:
         # DuckDB refuses to compare
         or (isinstance(key[0], int) and not -_MAX_BIGINT - 1 <= key[0] <= _MAX_BIGINT)
         or (isinstance(key[0], float) and not math.isfinite(key[0]))
-        or (isinstance(key[0], str) and len(key[0]) > SORT_PREFIX_CHARS)
+        or (isinstance(key[0], str) and (len(key[0]) > SORT_PREFIX_CHARS or not _utf8(key[0])))
         or not _ID_RE.fullmatch(key[1])
         or not 0 <= key[2] <= _MAX_UBIGINT
     ):

@@ -68,6 +68,13 @@ def affected_note(finding: dict[str, Any] | None, listed: int) -> str | None:
 
 #: The tie-break after the sort key and trace id: fixed-size, whatever the request id is.
 REQUEST_TIEBREAK_SQL = "hash(request_id)"
+#: Most rows of one keyset a page takes (see `_search`): the same request stored that many times.
+MAX_TIED_ROWS = 1_000
+
+
+def _keyset(row: dict[str, Any]) -> tuple[Any, ...]:
+    """Gives the row's place in the keyset order: what a cursor carries."""
+    return row["sort_key"], row["trace_id"], row["request_tiebreak"]
 
 
 def _sort_key(column: str, dtype: str) -> str:
@@ -158,18 +165,34 @@ def _search(
     direction = "DESC" if p.descending else "ASC"
     columns = [c for c in RESULT_COLUMNS if c in schema]
     select = ", ".join(f'"{c}"' for c in columns)
-    sql = (
+    head = (
         f"SELECT {select}, {DOMINANT_BUCKET_SQL} AS dominant_bucket, {key} AS sort_key, "  # noqa: S608
-        f"{REQUEST_TIEBREAK_SQL} AS request_tiebreak FROM requests {page_where} "
-        f"ORDER BY sort_key {direction}, trace_id {direction}, request_tiebreak {direction} LIMIT ?"
+        f"{REQUEST_TIEBREAK_SQL} AS request_tiebreak FROM requests"
     )
-    rows, more = fetch_dicts(cur, sql, [*page_params, p.limit + 1], cap=p.limit)
+    order = f"ORDER BY sort_key {direction}, trace_id {direction}, request_tiebreak {direction}"
+    # one row past the page: whether there is a next page, and whether it ties with the last
+    rows, _ = fetch_dicts(cur, f"{head} {page_where} {order} LIMIT ?", [*page_params, p.limit + 1], cap=p.limit + 1)
+    more = len(rows) > p.limit
+    if more and _keyset(rows[p.limit]) == _keyset(rows[p.limit - 1]):
+        # Rows the keyset cannot tell apart (a request stored twice by a re-sent export,
+        # or request ids whose hashes collide) share one page: a cursor between them
+        # would skip the rest of them.
+        tie = _keyset(rows[p.limit - 1])
+        same = f"({key}, trace_id, {REQUEST_TIEBREAK_SQL})"
+        tied, _ = fetch_dicts(
+            cur, f"{head} WHERE {' AND '.join([*clauses, f'{same} = (?, ?, ?)'])}", [*params, *tie], cap=MAX_TIED_ROWS
+        )
+        rows = [r for r in rows[: p.limit] if _keyset(r) != tie] + tied
+        after = " AND ".join([*clauses, f"{same} {'<' if p.descending else '>'} (?, ?, ?)"])
+        beyond, _ = fetch_dicts(cur, f"SELECT 1 FROM requests WHERE {after} LIMIT 1", [*params, *tie], cap=1)  # noqa: S608
+        more = bool(beyond)
+    else:
+        rows = rows[: p.limit]
     with time_limit(cur):
         count_row = cur.execute(f"SELECT count(*) FROM requests {base_where}", params).fetchone()  # noqa: S608
     next_cursor = None
     if more and rows:
-        last = rows[-1]
-        next_cursor = (last["sort_key"], last["trace_id"], last["request_tiebreak"])
+        next_cursor = _keyset(rows[-1])
     for row in rows:
         row.pop("sort_key")
         row.pop("request_tiebreak")

@@ -56,7 +56,7 @@ def span_details(spans: list[dict[str, Any]]) -> dict[str, Any]:
                     shown(sp["span_id"]),
                     shown(status),
                     f"+{ms(sp['start_ms'], 3)} / {ms(sp['duration_ms'], 3)}",
-                    shown(sp["scope"]),
+                    shown(sp["scope"] or ""),  # a span with no scope: nothing, not "null"
                 ],
                 "attributes": _pairs(sp["attributes"]),
                 "events": [

@@ -107,3 +107,63 @@ def test_pages_show_at_most_a_kilobyte_of_a_value_and_say_how_long_it_is(hostile
         # scripts still get the values whole from the JSON twins
         rows = client.get("/api/search", params={"limit": "500"}).json()["rows"]
         assert PAYLOADS["long"] in {row["model"] for row in rows}
+
+
+#: Two request ids whose DuckDB `hash` is the same (its string hash is unkeyed: a sender can
+#: make such pairs; a reviewer's, found in ~100 tries).
+COLLIDING_IDS = ("req-victim-00001-request", "req-qe21im-0QhV6-request")
+
+
+@pytest.fixture(scope="module")
+def tied_rows(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple[str, str]]]:
+    """A database where the keyset cannot tell rows apart: one request stored twice (a re-sent
+    export), and two requests of one trace whose ids' hashes collide, with the same E2E."""
+    db, _ = generate(tmp_path_factory.mktemp("webdb-tied"), count=PAGED, evil=False)
+    with duckdb.connect(str(db)) as conn:
+        (tid, rid), (_, other) = conn.execute("SELECT trace_id, request_id FROM requests ORDER BY request_id LIMIT 2").fetchall()
+        conn.execute("INSERT INTO requests SELECT * FROM requests WHERE request_id = ?", [rid])
+        conn.execute("UPDATE requests SET request_id = ?, trace_id = ?, e2e_ms = 1234.5 WHERE request_id = ?", [COLLIDING_IDS[0], tid, other])
+        conn.execute("INSERT INTO requests SELECT * REPLACE (? AS request_id) FROM requests WHERE request_id = ?", [COLLIDING_IDS[1], COLLIDING_IDS[0]])
+        collide = conn.execute("SELECT hash(?) = hash(?)", list(COLLIDING_IDS)).fetchall()[0][0]
+        everything = sorted(conn.execute("SELECT trace_id, request_id FROM requests").fetchall())
+    if not collide:
+        pytest.fail("this DuckDB hashes the two ids apart: find another colliding pair")
+    return db, everything
+
+
+@pytest.mark.parametrize("sort,order", [("e2e_ms", "desc"), ("start_ns", "asc"), ("model", "asc")])
+def test_paging_one_row_at_a_time_skips_no_row_the_keyset_cannot_tell_apart(
+    tied_rows: tuple[Path, list[tuple[str, str]]], sort: str, order: str
+) -> None:
+    db, everything = tied_rows
+    seen: list[tuple[str, str]] = []
+    with explorer(db) as url, httpx.Client(base_url=url, timeout=60) as client:
+        params: dict[str, str] = {"sort": sort, "order": order, "limit": "1"}
+        for _ in range(len(everything) + 1):
+            page = client.get("/api/search", params=params).json()
+            seen += [(row["trace_id"], row["request_id"]) for row in page["rows"]]
+            if page["next"] is None:
+                break
+            params = {k: str(v) for k, v in page["next"].items()}
+    assert sorted(seen) == everything
+
+
+def test_a_cursor_holding_a_lone_surrogate_is_refused_not_a_500(long_ids: tuple[Path, int]) -> None:
+    import base64
+    import json
+
+    raw = json.dumps(["\ud800", "a" * 32, 1])  # JSON can say it; UTF-8 cannot
+    cursor = base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    with explorer(long_ids[0]) as url, httpx.Client(base_url=url, timeout=60) as client:
+        for path in ("/api/search", "/search"):
+            r = client.get(path, params={"sort": "model", "after": cursor})
+            assert r.status_code == 400, (path, r.status_code, r.text[:300])
+
+
+def test_a_list_summary_keeps_its_ends_short() -> None:
+    from tokentrace.web._long_values import ITEM_CHARS, MAX_LIST_VALUES, bounded
+
+    summary = bounded("some.list", ["x" * 100_000] * (MAX_LIST_VALUES + 1), "ab" * 16)
+    # ten 100 KB texts rode along whole in /api/trace
+    assert summary["count"] == MAX_LIST_VALUES + 1
+    assert all(len(v) <= ITEM_CHARS + 1 for v in [*summary["first"], *summary["last"]])
