@@ -20,8 +20,7 @@ from tokentrace.analyzer.remote_report import fetch_report, fetch_requests
 from tokentrace.analyzer.render import render_json, render_markdown, render_text
 from tokentrace.analyzer.render_html import render_html
 from tokentrace.analyzer.report import build_report
-from tokentrace.store.connection import StoreError, open_read_only, resolve_db_path
-from tokentrace.store.serve_note import read_note
+from tokentrace.store.connection import DatabaseHeld, open_read_only, resolve_db_path
 
 RENDERERS = {
     "text": render_text,
@@ -31,39 +30,14 @@ RENDERERS = {
 }
 
 
-#: DuckDB's words for a file another process has open for writing, and that process's id.
-_LOCKED = re.compile(r"could not set lock|conflicting lock", re.IGNORECASE)
-_HOLDER_PID = re.compile(r"\(PID (\d+)\)")
-
-
 def open_local(db: Path | None, command: str) -> duckdb.DuckDBPyConnection:
     """Opens `db` read-only; a database another process holds gives what to run instead
-    (with that process's id), not DuckDB's lock message."""
-    path = resolve_db_path(db)
+    (`held`: the running serve's URL, or that an import is writing it), not DuckDB's
+    lock message."""
     try:
-        return open_read_only(path)
-    except StoreError as exc:
-        said = str(exc.__cause__ or "")  # DuckDB's own message; a path may say "lock" too
-        if not _LOCKED.search(said):
-            raise
-        raise StoreError(_held_message(path, command, said)) from exc
-
-
-def _held_message(db: Path, command: str, duckdb_said: str) -> str:
-    note = read_note(db)
-    if note is not None:
-        token = " --token TOKEN" if note["token"] else ""
-        return (
-            f"{db} is held by a running `tokentrace serve` (pid {note['pid']}), and DuckDB lets "
-            f"one process open it: ask the server instead, `tokentrace {command} --url {note['web']}{token}`"
-        )
-    # an older serve (no note), or another program: the pid DuckDB names, the default URL
-    pid = _HOLDER_PID.search(duckdb_said)
-    holder = f"another process (pid {pid.group(1)})" if pid else "another process"
-    return (
-        f"{db} is held by {holder}, and DuckDB lets one process open it: if that is "
-        f"`tokentrace serve`, ask it instead, e.g. `tokentrace {command} --url http://127.0.0.1:8600`"
-    )
+        return open_read_only(resolve_db_path(db))
+    except DatabaseHeld as exc:
+        raise exc.for_command(command) from exc
 
 
 #: A duration ago for `--since` / `--until`: 10m, 2h, 1d, 90s, 1d12h (a unit is required).

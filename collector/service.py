@@ -31,9 +31,9 @@ from tokentrace.collector.sampling import P99Tracker, Sampler, SloLimits, parse_
 from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.settings import CollectorSettings
 from tokentrace.collector.writer import Writer
-from tokentrace.store.connection import open_db, resolve_db_path
+from tokentrace.store.connection import DatabaseHeld, open_db, resolve_db_path
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
-from tokentrace.store.serve_note import remove_note, unclean_stop, write_note
+from tokentrace.store.serve_note import read_note, remove_note, unclean_stop, write_note
 
 logger = logging.getLogger("tokentrace.collector")
 
@@ -172,7 +172,10 @@ def import_files(settings: CollectorSettings, paths: Iterable[Path]) -> dict[str
     for p in paths:
         if not p.is_file():
             raise FileNotFoundError(f"no such file: {p}")
-    collector = Collector(settings)
+    try:
+        collector = Collector(settings)
+    except DatabaseHeld as exc:  # a running serve's: send the file to it instead
+        raise exc.for_command("import") from exc
     files = spans = 0
     try:
         for p in paths:
@@ -321,13 +324,22 @@ class CollectorServer:
 
     def __init__(self, settings: CollectorSettings) -> None:
         self.settings = settings
-        check_ports(settings)  # before the store: a busy port must not leave a new file behind
         self._db_path = resolve_db_path(settings.db)
+        try:
+            check_ports(settings)  # before the store: a busy port must not leave a new file behind
+        except OSError as exc:
+            if read_note(self._db_path) is None:
+                raise
+            # busy because a serve of this database has them: that is what to say
+            raise DatabaseHeld(self._db_path, "", "serve") from exc
         # a start that fails later removes the file only if this open created it.  Not
         # when the open itself fails: the file may then be another process's, made in
         # between (DuckDB's own errors, bad settings included, create no file)
         self._db_is_new = not self._db_path.exists()
-        self.collector = Collector(settings)
+        try:
+            self.collector = Collector(settings)
+        except DatabaseHeld as exc:  # a second serve of the file: name the first
+            raise exc.for_command("serve") from exc
         #: the ports served on: the settings' until start, then the bound ones (0: any free)
         self.http_port = settings.http_port
         self.grpc_port = settings.grpc_port
@@ -395,7 +407,7 @@ class CollectorServer:
                 create_web_app = None  # type: ignore[assignment]
             if create_web_app is not None:
                 apps.append(("web UI", create_web_app(s, c), s.host, s.web_port))
-                self._web_started = s.web_port != 0
+                self._web_started = True  # its note names the port bound (--web-port 0: any)
             quiet_server = _quiet_server_class()
             for what, app, host, port in apps:
                 # bound here, on the caller's thread: a port taken since the check is
@@ -446,7 +458,9 @@ class CollectorServer:
                     "written (its tail buffer, up to --grace-s after each trace's end) was lost",
                     s.db, killed,
                 )  # fmt: skip
-            self._note = write_note(s.db, self.web_url, token_required=bool(s.api_token))
+            self._note = write_note(
+                s.db, self.web_url, token_required=bool(s.api_token), otlp_url=self.otlp_http_url
+            )
         return self
 
     def _start_grpc(self) -> None:

@@ -1,17 +1,22 @@
 """Test helpers shared by every test folder: free loopback ports, a real `tokentrace serve`
-process, and uvicorn in a thread.  Import as `from tt_testkit import ...` (pyproject puts
-`tests/` on the path); a uniquely named module, because `conftest` names collide.
+process, uvicorn in a thread, a file or directory this process cannot write.  Import as
+`from tt_testkit import ...` (pyproject puts `tests/` on the path); a uniquely named
+module, because `conftest` names collide.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,6 +195,34 @@ def wait_started(server: ServeProcess, timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"serve wrote no note beside {server.db} in {timeout} s")
         time.sleep(0.02)
+
+
+@contextmanager
+def unwritable(path: Path) -> Iterator[None]:
+    """Makes the file or directory `path` unwritable to this process and its children
+    while the block runs, undone in a `finally`: `chattr +i` (immutable) as root, whom
+    file modes do not stop (the tests run as root here), `chmod a-w` otherwise.  Skips
+    the test where the file system takes no immutable attribute."""
+    import pytest
+
+    if os.geteuid() != 0:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        path.chmod(mode & ~0o222)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    chattr = shutil.which("chattr")
+    if chattr is None:
+        pytest.skip(f"no chattr to make {path} immutable")
+    done = subprocess.run([chattr, "+i", str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot make {path} immutable: {done.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run([chattr, "-i", str(path)], check=True, capture_output=True)
 
 
 class ThreadServer:

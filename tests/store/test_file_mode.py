@@ -6,8 +6,11 @@ created -rw-r--r-- under umask 022.)"""
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,3 +97,51 @@ def test_serve_makes_its_database_private(tmp_path: Path) -> None:
     serve = start_serve(tmp_path)
     serve.stop()
     assert _mode(serve.db) == 0o600
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_database_others_can_read_gets_one_warning_saying_how_to_fix_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file an older tokentrace made stays -rw-r--r--: its mode is left as it is (it
+    may be shared on purpose), but never silently (operator review)."""
+    db = tmp_path / "old.duckdb"
+    open_db(db).close()
+    os.chmod(db, 0o644)
+    with caplog.at_level(logging.WARNING, logger="tokentrace"):
+        open_db(db).close()
+    [warning] = _warnings(caplog)
+    assert f"{db} is readable by its group and others (mode 0644)" in warning
+    assert f"chmod 600 {db}" in warning
+    assert _mode(db) == 0o644  # said, not changed
+
+    os.chmod(db, 0o640)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tokentrace"):
+        open_db(db).close()
+    [warning] = _warnings(caplog)
+    assert "readable by its group (mode 0640)" in warning
+
+    os.chmod(db, 0o600)  # as the warning says
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tokentrace"):
+        open_db(db).close()
+    assert _warnings(caplog) == []
+
+
+def test_import_into_a_database_others_can_read_warns_once(tmp_path: Path) -> None:
+    db = tmp_path / "old.duckdb"
+    open_db(db).close()
+    os.chmod(db, 0o604)
+    export = tmp_path / "export.json"
+    export.write_text('{"resourceSpans": []}')
+    done = subprocess.run(
+        [sys.executable, "-m", "tokentrace", "import", str(export), "--db", str(db)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("chmod 600") == 1, done.stderr
+    assert f"{db} is readable by others (mode 0604)" in done.stderr

@@ -32,7 +32,11 @@ gpu_samples
 
 from __future__ import annotations
 
+import os
+
 import duckdb
+
+from tokentrace.store.errors import StoreError
 
 SCHEMA_VERSION = 3
 
@@ -170,30 +174,85 @@ _MIGRATIONS: dict[int, list[str]] = {
 }
 
 
+#: Made, where missing, in each migration's transaction (a new file has none yet).
+_SCHEMA_VERSION_TABLE = (
+    "CREATE TABLE IF NOT EXISTS schema_version "
+    "(version INTEGER NOT NULL, applied_at TIMESTAMP NOT NULL)"
+)
+
+
 def current_version(conn: duckdb.DuckDBPyConnection) -> int:
-    """Gives the highest applied schema version, 0 for an empty database."""
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, applied_at TIMESTAMP NOT NULL)"
-    )
-    row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
-    return int(row[0]) if row and row[0] is not None else 0
+    """Gives the highest applied schema version, 0 for an empty database (or one
+    without tokentrace's tables).  Reads only: works on a read-only connection."""
+    if not conn.execute(
+        "SELECT 1 FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND schema_name = 'main' AND table_name = 'schema_version'"
+    ).fetchall():
+        return 0
+    # fetchall: a result left unread would keep the connection busy for its next user
+    [(version,)] = conn.execute("SELECT max(version) FROM schema_version").fetchall()
+    return int(version) if version is not None else 0
 
 
-def migrate(conn: duckdb.DuckDBPyConnection) -> int:
-    """Applies every pending migration in one transaction each; gives the version."""
+def check_version(conn: duckdb.DuckDBPyConnection, db: str | os.PathLike[str] | None = None) -> int:
+    """Gives the schema version of the database `db` (`conn`'s; None: the path `conn`
+    opened); raises StoreError when a newer tokentrace wrote it: its tables are not
+    what this one reads and writes.  The one check for `open_db` (before migrating)
+    and `open_read_only` (reports)."""
     version = current_version(conn)
     if version > SCHEMA_VERSION:
-        raise RuntimeError(
-            f"database schema version {version} is newer than this tokentrace ({SCHEMA_VERSION}); upgrade tokentrace"
+        raise StoreError(
+            f"{_named(conn, db)}: database schema version {version} is newer than this "
+            f"tokentrace ({SCHEMA_VERSION}); upgrade tokentrace"
         )
+    return version
+
+
+def _named(conn: duckdb.DuckDBPyConnection, db: str | os.PathLike[str] | None) -> str:
+    """Gives the database's name for a message: `db` as given, else the file `conn` opened."""
+    if db is not None:
+        return str(db)
+    [(path,)] = conn.execute(
+        "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+    ).fetchall()
+    return str(path)
+
+
+def migrate(conn: duckdb.DuckDBPyConnection, db: str | os.PathLike[str] | None = None) -> int:
+    """Applies every pending migration in one transaction each; gives the version.
+
+    Raises StoreError `cannot migrate <db> from schema N to M: <DuckDB's reason>` when
+    one fails (a COMMIT that cannot write the log: a full disk, a directory that
+    takes no new file); the migrations before it stay applied.  `db` names the
+    database in messages (None: the path `conn` opened)."""
+    version = check_version(conn, db)
+    if version == SCHEMA_VERSION:
+        return version
     for target in range(version + 1, SCHEMA_VERSION + 1):
         conn.execute("BEGIN TRANSACTION")
         try:
-            for statement in _MIGRATIONS[target]:
+            for statement in (_SCHEMA_VERSION_TABLE, *_MIGRATIONS[target]):
                 conn.execute(statement)
             conn.execute("INSERT INTO schema_version VALUES (?, now())", [target])
             conn.execute("COMMIT")
-        except Exception:
-            conn.execute("ROLLBACK")
-            raise
+        except BaseException as exc:
+            _roll_back(conn)
+            if not isinstance(exc, duckdb.Error):
+                raise
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            done = f" (it is at schema {target - 1} now)" if target - 1 > version else ""
+            raise StoreError(
+                f"cannot migrate {_named(conn, db)} from schema {version} to {SCHEMA_VERSION}: "
+                f"{reason}{done}"
+            ) from exc
     return SCHEMA_VERSION
+
+
+def _roll_back(conn: duckdb.DuckDBPyConnection) -> None:
+    """Ends a failed migration's transaction.  A COMMIT that failed has ended it
+    already, and its ROLLBACK's own error ("no transaction is active") would
+    replace the error that says what went wrong: it is left unsaid."""
+    try:
+        conn.execute("ROLLBACK")
+    except duckdb.Error:
+        pass

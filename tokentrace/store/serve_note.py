@@ -3,8 +3,10 @@
 DuckDB lets one process open a database file, so while `serve` runs,
 `tokentrace report --db` cannot read it and must be pointed at the server with
 `--url`.  To say exactly which URL, `serve` leaves a small note beside the
-file (`<db>.serve.json`: its pid, the web UI's URL, whether a token is needed)
-for as long as it runs.  A note whose process is gone is ignored.
+file (`<db>.serve.json`: its pid, the web UI's URL, whether a token is needed,
+and its OTLP/HTTP URL, where `import` can send a file instead) for as long as
+it runs, with the ports it bound (`--web-port 0`: the one the OS chose).  A
+note whose process is gone is ignored; `held` words what each command says.
 
 Each note also carries an id of its own (`start`), because a pid does not say
 which serve wrote it: a serve restarted in a container runs under the pid its
@@ -31,11 +33,16 @@ def note_path(db: Path) -> Path:
     return db.with_name(db.name + ".serve.json")
 
 
-def write_note(db: Path, web_url: str, token_required: bool) -> str | None:
+def write_note(
+    db: Path, web_url: str, token_required: bool, otlp_url: str | None = None
+) -> str | None:
     """Leaves the note; gives its id for `remove_note`, None when it could not be
     written (that costs the hint, never the server)."""
     start = secrets.token_hex(8)
-    note = {"pid": os.getpid(), "web": web_url, "token": token_required, "start": start}
+    note: dict[str, Any] = {"pid": os.getpid(), "web": web_url, "token": token_required}
+    if otlp_url:
+        note["otlp"] = otlp_url
+    note["start"] = start
     try:
         note_path(db).write_text(json.dumps(note))
     except OSError as exc:
@@ -69,15 +76,24 @@ def unclean_stop(db: Path) -> int | None:
 
 
 def read_note(db: Path) -> dict[str, Any] | None:
-    """Gives the note of a serve that is still running, else None."""
+    """Gives the note of a serve that is still running, else None: its `pid`, `web`
+    URL, whether a `token` is needed, and its `otlp` (OTLP/HTTP) URL where the note
+    names one (older serves' notes do not)."""
     try:
         note = json.loads(note_path(db).read_text())
         pid, web = int(note["pid"]), str(note["web"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not web.startswith(("http://", "https://")) or not _running(note, pid):
+    if not _is_url(web) or not _running(note, pid):
         return None
-    return {"pid": pid, "web": web, "token": bool(note.get("token"))}
+    found = {"pid": pid, "web": web, "token": bool(note.get("token"))}
+    if isinstance(note.get("otlp"), str) and _is_url(note["otlp"]):
+        found["otlp"] = note["otlp"]
+    return found
+
+
+def _is_url(text: str) -> bool:
+    return text.startswith(("http://", "https://"))
 
 
 def _running(note: dict[str, Any], pid: int) -> bool:
