@@ -154,15 +154,19 @@ class _PortTaken(RuntimeError):
     """`serve` could not start: one of its ports was taken before it bound it."""
 
 
+def serve_port_args(ports: tuple[int, int, int] | list[int] | None = None) -> list[str]:
+    """Gives `serve`'s port options for (OTLP/HTTP, OTLP/gRPC, web) `ports`; free ones if None."""
+    http, grpc, web = ports or (free_port(), free_port(), free_port())
+    return ["--http-port", str(http), "--grpc-port", str(grpc), "--web-port", str(web)]
+
+
 def _start_serve_once(tmp_path: Path, extra: tuple[str, ...], db: Path | None) -> ServeProcess:
     db = db or tmp_path / "tokentrace.duckdb"
     ports = [free_port(), free_port(), free_port()]
     cmd = [
         sys.executable, "-m", "tokentrace", "serve",
         "--db", str(db),
-        "--http-port", str(ports[0]),
-        "--grpc-port", str(ports[1]),
-        "--web-port", str(ports[2]),
+        *serve_port_args(ports),
         *extra,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

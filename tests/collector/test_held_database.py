@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 from traces import request_trace, to_protobuf
-from tt_testkit import ServeProcess, free_port, wait_started
+from tt_testkit import ServeProcess, free_port, serve_port_args, wait_started
 
 from tokentrace.store.serve_note import note_path, read_note
 
@@ -75,16 +75,8 @@ def test_import_into_a_database_serve_holds_says_where_to_send_the_file(
 
 def test_a_second_serve_of_the_file_names_the_first(tmp_path: Path, serve: ServeProcess) -> None:
     first_note = note_path(serve.db).read_bytes()
-    own_ports = [
-        "--http-port",
-        str(free_port()),
-        "--grpc-port",
-        str(free_port()),
-        "--web-port",
-        str(free_port()),
-    ]
-    its_ports = ["--http-port", str(serve.http_port), "--grpc-port", str(serve.grpc_port),
-                 "--web-port", str(serve.web_port)]  # fmt: skip
+    own_ports = serve_port_args()
+    its_ports = serve_port_args((serve.http_port, serve.grpc_port, serve.web_port))
     for ports in (own_ports, its_ports):  # on its own ports, or (by default) the same ones
         said = _one_line(_cli("serve", "--db", str(serve.db), *ports), "serve")
         assert said == (

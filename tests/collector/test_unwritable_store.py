@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from traces import request_trace, to_json
-from tt_testkit import free_port, unwritable
+from tt_testkit import serve_port_args, unwritable
 
 from tokentrace.store.connection import open_db
 
@@ -52,14 +52,7 @@ def _until_ready_or_exit(cmd: list[str]) -> tuple[int | None, str]:
 
 def test_serve_on_a_directory_it_cannot_write_stops_at_start(tmp_path: Path) -> None:
     db = _up_to_date(tmp_path)
-    ports = [
-        "--http-port",
-        str(free_port()),
-        "--grpc-port",
-        str(free_port()),
-        "--web-port",
-        str(free_port()),
-    ]
+    ports = serve_port_args()
     cmd = [
         sys.executable,
         "-m",
