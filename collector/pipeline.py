@@ -25,6 +25,9 @@ It summarizes every request in them (kept or not), asks the sampler whether to
 keep the span tree, and hands the result to the single writer.  Decisions are
 cached so late spans follow them; a kept trace's span ids are cached with its
 decision, so a late span already stored with it (an exporter's retry) is dropped.
+A trace that may have been written beyond the cache's reach (before this process
+opened the store, or so long ago that the cache forgot it) is marked for the writer
+to check against the store (`collector/stored.py`).
 """
 
 from __future__ import annotations
@@ -39,13 +42,14 @@ from dataclasses import dataclass, field
 from tokentrace.analyzer.attribution import TraceResult, summarize_trace
 from tokentrace.analyzer.conventions.genai_client import is_llm_client
 from tokentrace.analyzer.spans import KIND_SERVER, Span
-from tokentrace.analyzer.summary import FLAG_SERVER_UNSEEN
+from tokentrace.analyzer.summary import FLAG_SERVER_UNSEEN, RequestSummary
 from tokentrace.collector.decode_pool import limit_export_steps, note_dropped_steps
 from tokentrace.collector.packed import PackedTrace
 from tokentrace.collector.refusals import RefusalEpisodes
 from tokentrace.collector.sampling import REASON_UNSUMMARIZED, Decision, Sampler
 from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.settings import DEFAULT_MAX_BUFFERED_BYTES
+from tokentrace.collector.stored import RESEND_MARGIN_NS
 from tokentrace.collector.writer import KeptTrace, WriteBatch, Writer
 
 logger = logging.getLogger("tokentrace.collector")
@@ -118,6 +122,8 @@ class PipelineStats:
     late_duplicates_dropped: int = 0
     #: repeats of a span id within a buffered trace
     duplicate_spans_dropped: int = 0
+    #: decided traces the writer checks against the store (`WriteBatch.recheck`)
+    traces_rechecked: int = 0
     #: traces the analyzer or the sampler failed on: kept whole, unsummarized
     traces_unsummarized: int = 0
     requests_summarized: int = 0
@@ -230,6 +236,16 @@ def _late_is_new(ids: bytearray, span_id: str) -> bool:
         return False
     ids += f"{span_id}\n".encode()
     return True
+
+
+def _trace_start(requests: Sequence[RequestSummary], spans: Sequence[Span] | None) -> int | None:
+    """Gives when a decided trace started (unix ns): its first request, else its first
+    kept span; None when it writes neither (a dropped trace with no request)."""
+    if requests:
+        return min([r.start_ns for r in requests])
+    if spans:
+        return min([s.start_ns for s in spans])
+    return None
 
 
 def _awaits_server(p: _Pending) -> bool:
@@ -348,6 +364,12 @@ class Pipeline:
         # span ids of the kept traces in `_decided` (late spans included), to
         # drop a late span stored already; only late spans ever look them up
         self._kept_span_ids: dict[str, bytearray] = {}
+        # Beyond the cache's reach (`_recheck_horizon`): [traces, latest start] of each
+        # decision round still in `_decided`, oldest first; the latest start of a trace
+        # whose decision the cache forgot; the cached traces the writer rechecked
+        self._rounds: deque[list[int]] = deque()
+        self._forgotten_until_ns = 0
+        self._rechecked: set[str] = set()
         self.stats = PipelineStats()
         self._stop = threading.Event()
         self._decide_lock = threading.Lock()
@@ -708,12 +730,16 @@ class Pipeline:
             m.traces_evicted.inc(evicted)
         if late:
             m.late_spans.labels("true").inc(len(late))
+        batch = WriteBatch(late_spans=late)
+        if late and self._rechecked:  # (the decider's own set)
+            batch.recheck.update(s.trace_id for s in late if s.trace_id in self._rechecked)
         if not ready:
             if late:
-                self._submit(WriteBatch(late_spans=late))
+                self._submit(batch)
             return 0
-        batch = WriteBatch(late_spans=late)
         wall = time.time_ns()
+        horizon = self._recheck_horizon()
+        round_start = 0
         outcomes: dict[tuple[bool, str], int] = {}
         decide = self._sampler.decide
         waits = m.decision_latency
@@ -721,8 +747,12 @@ class Pipeline:
         rules = bool(self._sampler.rules)
         duplicates = 0
         kept_ids: list[tuple[str, bytearray]] = []
+        cached = self._decided  # (only this thread changes it)
         for trace_id, p in ready:
             waits.observe((now - p.first_seen_ns) / 1e9)
+            if trace_id in cached:  # came back while its round was deciding it: late spans
+                self._late_after_decision(trace_id, p.all_spans())
+                continue
             forced: Decision | None = None
             packed = p.packed
             spans: list[Span] | None
@@ -771,6 +801,11 @@ class Pipeline:
                 spans = p.all_spans()
                 batch.kept.append(KeptTrace(trace_id, reason, weight, wall, spans))
                 kept_ids.append((trace_id, _span_ids(spans)))
+            start = _trace_start(result.requests, spans if keep else None)
+            if start is not None:
+                if start <= horizon:  # its first copy may be stored: the writer looks
+                    batch.recheck.add(trace_id)
+                round_start = max(round_start, start)
             outcomes[(keep, reason)] = outcomes.get((keep, reason), 0) + 1
             decisions.append((trace_id, keep))
         stats = self.stats
@@ -779,10 +814,22 @@ class Pipeline:
             for trace_id, keep in decisions:
                 cache[trace_id] = keep
             span_ids.update(kept_ids)
+            rounds = self._rounds
+            if decisions:
+                rounds.append([len(decisions), round_start])
+            rechecked = self._rechecked
+            rechecked |= batch.recheck
             while len(cache) > self._cache_size:
                 trace_id, keep = cache.popitem(last=False)
                 if keep:
                     span_ids.pop(trace_id, None)
+                rechecked.discard(trace_id)
+                oldest = rounds[0]  # the evicted trace's round
+                self._forgotten_until_ns = max(self._forgotten_until_ns, oldest[1])
+                oldest[0] -= 1
+                if not oldest[0]:
+                    rounds.popleft()
+            stats.traces_rechecked += len(batch.recheck)
             stats.requests_summarized += len(batch.requests)
             stats.duplicate_spans_dropped += duplicates
             for (keep, reason), n in outcomes.items():
@@ -801,6 +848,30 @@ class Pipeline:
         # buffer then fills and receivers answer 503: backpressure, not loss).
         self._submit(batch, len(ready))
         return len(ready)
+
+    def _recheck_horizon(self) -> int:
+        """Gives the latest start (unix ns) a decided trace may have and still be a copy
+        of one written beyond the decision cache's reach: before this process opened the
+        store, or decided so long ago that the cache forgot it; -1 when there is none.
+        A re-sent copy starts when its first copy did (within `RESEND_MARGIN_NS` for a
+        part of a trace), so a trace that started later is new: only the few that
+        started earlier cost the writer a look into the store (`collector/stored.py`)."""
+        until = max(self._writer.stored_until_ns, self._forgotten_until_ns)
+        return until + RESEND_MARGIN_NS if until else -1
+
+    def _late_after_decision(self, trace_id: str, spans: Sequence[Span]) -> None:
+        """Sends the spans of a trace that came back to the buffer while an earlier round
+        decided it (between that round's taking it and caching its decision) to that
+        decision, as late spans: summarized again, it would be two requests."""
+        with self._lock:
+            before = self.stats.late_spans_dropped, self.stats.late_duplicates_dropped
+            if self._decided.get(trace_id):
+                self._take_late(trace_id, spans)
+            else:
+                self.stats.late_spans_dropped += len(spans)
+            not_kept = self.stats.late_spans_dropped - before[0]
+            duplicates = self.stats.late_duplicates_dropped - before[1]
+        self._count_dropped_late(not_kept, duplicates)
 
     def _unsummarized(self, trace_id: str) -> Decision:
         """Gives the decision for a trace the analyzer or the sampler failed on

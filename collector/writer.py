@@ -23,6 +23,7 @@ from tokentrace.analyzer.engine_steps import EngineStep
 from tokentrace.analyzer.spans import Span
 from tokentrace.analyzer.summary import COLUMNS, RequestSummary
 from tokentrace.collector import itl_hist
+from tokentrace.collector.stored import StoredRows, stored_until_ns
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 
 
@@ -103,6 +104,10 @@ class WriteBatch:
     #: ITL histogram counts of `requests[i]` where a decode worker computed them
     #: (None: compute here); ignored unless as long as `requests`
     itl_counts: list[list[int] | None] = field(default_factory=list)
+    #: traces whose rows the store may hold already (a re-sent export whose first copy
+    #: was written before the decision cache, or this process, knew it): the writer
+    #: leaves out what is stored (`stored.StoredRows`)
+    recheck: set[str] = field(default_factory=set)
 
     def __bool__(self) -> bool:
         return bool(
@@ -245,6 +250,13 @@ class Writer:
         self.requests_written = 0
         self.spans_written = 0
         self.gpu_samples_written = 0
+        #: rows of re-sent traces left out because the store held them already
+        self.requests_already_stored = 0
+        self.spans_already_stored = 0
+        #: the latest start (unix ns) of a request or a kept span stored before this
+        #: writer opened the store (0: none): a trace that started later cannot have
+        #: been written before (`Pipeline` rechecks only the ones that started earlier)
+        self.stored_until_ns = stored_until_ns(conn)
         self.write_errors = 0
         self.last_write_seconds = 0.0
         # batches taken off the queue and not written yet (coalesced, or waiting
@@ -599,65 +611,10 @@ class Writer:
 
     def _write(self, items: list[WriteBatch]) -> None:
         t0 = time.perf_counter()
-        requests = [r for b in items for r in b.requests]
-        spans = [s for b in items for k in b.kept for s in k.spans] + [
-            s for b in items for s in b.late_spans
-        ]
-        kept = [k for b in items for k in b.kept]
-        steps = [st for b in items for st in b.engine_steps]
-        samples = [g for b in items for g in b.gpu_samples]
         conn = self._conn
         conn.execute("BEGIN TRANSACTION")
         try:
-            if requests:
-                # column-wise getattr: asdict() deep-copies every row and is the slow part
-                table = pa.table(dict(zip(COLUMNS, _columns(requests), strict=True)))
-                conn.register("_new_requests", table)
-                conn.execute(f"INSERT INTO requests ({', '.join(COLUMNS)}) SELECT * FROM _new_requests")  # noqa: S608 - fixed column names
-                conn.unregister("_new_requests")
-                hist = pa.table(
-                    {
-                        "trace_id": [r.trace_id for r in requests],
-                        "request_id": [r.request_id for r in requests],
-                        "start_ns": [r.start_ns for r in requests],
-                        "counts": _itl_counts(items, requests),
-                    }
-                )
-                conn.register("_new_hist", hist)
-                conn.execute("INSERT INTO itl_hist SELECT * FROM _new_hist")
-                conn.unregister("_new_hist")
-            if spans:
-                conn.register("_new_spans", pa.table(_span_rows(spans)))
-                conn.execute("INSERT INTO spans SELECT * FROM _new_spans")
-                conn.unregister("_new_spans")
-            if kept:
-                conn.register(
-                    "_new_kept",
-                    pa.table(
-                        {
-                            "trace_id": [k.trace_id for k in kept],
-                            "reason": [k.reason for k in kept],
-                            "weight": pa.array([k.weight for k in kept], pa.float64()),
-                            "decided_ns": pa.array([k.decided_ns for k in kept], pa.int64()),
-                            "span_count": pa.array([len(k.spans) for k in kept], pa.int32()),
-                        }
-                    ),
-                )
-                conn.execute("INSERT INTO kept_traces SELECT * FROM _new_kept")
-                conn.unregister("_new_kept")
-            if steps:
-                conn.register(
-                    "_new_steps",
-                    pa.table({f: [getattr(st, f) for st in steps] for f in EngineStep.__slots__}),
-                )
-                cols = ", ".join(EngineStep.__slots__)
-                conn.execute(f"INSERT INTO engine_steps ({cols}) SELECT {cols} FROM _new_steps")  # noqa: S608 - dataclass field names
-                conn.unregister("_new_steps")
-            if samples:
-                conn.register("_new_gpu", pa.Table.from_pylist(samples))
-                names = ", ".join(samples[0].keys())
-                conn.execute(f"INSERT INTO gpu_samples ({names}) SELECT {names} FROM _new_gpu")  # noqa: S608 - fixed keys from the metrics decoder
-                conn.unregister("_new_gpu")
+            requests, spans, samples, steps, stored = self._write_rows(conn, items)
             conn.execute("COMMIT")
         except Exception as exc:
             # logged once an outage, not at every retry
@@ -667,6 +624,78 @@ class Writer:
         self.requests_written += len(requests)
         self.spans_written += len(spans)
         self.gpu_samples_written += len(samples)
+        if stored is not None:
+            self.requests_already_stored += stored.requests_left_out
+            self.spans_already_stored += stored.spans_left_out
         self.last_write_seconds = time.perf_counter() - t0
         if self._on_write is not None:
             self._on_write(self.last_write_seconds)
+
+    def _write_rows(
+        self, conn: duckdb.DuckDBPyConnection, items: list[WriteBatch]
+    ) -> tuple[list[RequestSummary], list[Span], list[dict[str, Any]], list[EngineStep], StoredRows | None]:
+        """Inserts the batches' rows in the caller's transaction, but for those of
+        re-sent traces the store holds (`StoredRows`); gives what it inserted."""
+        recheck = set().union(*(b.recheck for b in items))
+        stored = None
+        if recheck:  # in the transaction: the single writer's view of the store is final
+            stored = StoredRows.read(conn, recheck, [r for b in items for r in b.requests])
+            items = [stored.leave_out(b) for b in items]
+        requests = [r for b in items for r in b.requests]
+        spans = [s for b in items for k in b.kept for s in k.spans] + [
+            s for b in items for s in b.late_spans
+        ]
+        kept = [k for b in items for k in b.kept]
+        steps = [st for b in items for st in b.engine_steps]
+        samples = [g for b in items for g in b.gpu_samples]
+        if requests:
+            counts = _itl_counts(items, requests)
+            # column-wise getattr: asdict() deep-copies every row and is the slow part
+            table = pa.table(dict(zip(COLUMNS, _columns(requests), strict=True)))
+            conn.register("_new_requests", table)
+            conn.execute(f"INSERT INTO requests ({', '.join(COLUMNS)}) SELECT * FROM _new_requests")  # noqa: S608 - fixed column names
+            conn.unregister("_new_requests")
+            hist = pa.table(
+                {
+                    "trace_id": [r.trace_id for r in requests],
+                    "request_id": [r.request_id for r in requests],
+                    "start_ns": [r.start_ns for r in requests],
+                    "counts": counts,
+                }
+            )
+            conn.register("_new_hist", hist)
+            conn.execute("INSERT INTO itl_hist SELECT * FROM _new_hist")
+            conn.unregister("_new_hist")
+        if spans:
+            conn.register("_new_spans", pa.table(_span_rows(spans)))
+            conn.execute("INSERT INTO spans SELECT * FROM _new_spans")
+            conn.unregister("_new_spans")
+        if kept:
+            conn.register(
+                "_new_kept",
+                pa.table(
+                    {
+                        "trace_id": [k.trace_id for k in kept],
+                        "reason": [k.reason for k in kept],
+                        "weight": pa.array([k.weight for k in kept], pa.float64()),
+                        "decided_ns": pa.array([k.decided_ns for k in kept], pa.int64()),
+                        "span_count": pa.array([len(k.spans) for k in kept], pa.int32()),
+                    }
+                ),
+            )
+            conn.execute("INSERT INTO kept_traces SELECT * FROM _new_kept")
+            conn.unregister("_new_kept")
+        if steps:
+            conn.register(
+                "_new_steps",
+                pa.table({f: [getattr(st, f) for st in steps] for f in EngineStep.__slots__}),
+            )
+            cols = ", ".join(EngineStep.__slots__)
+            conn.execute(f"INSERT INTO engine_steps ({cols}) SELECT {cols} FROM _new_steps")  # noqa: S608 - dataclass field names
+            conn.unregister("_new_steps")
+        if samples:
+            conn.register("_new_gpu", pa.Table.from_pylist(samples))
+            names = ", ".join(samples[0].keys())
+            conn.execute(f"INSERT INTO gpu_samples ({names}) SELECT {names} FROM _new_gpu")  # noqa: S608 - fixed keys from the metrics decoder
+            conn.unregister("_new_gpu")
+        return requests, spans, samples, steps, stored
