@@ -193,16 +193,18 @@ def import_files(settings: CollectorSettings, paths: Iterable[Path]) -> dict[str
             files += 1
             spans += len(found)
         collector.pipeline.decide_ready(force=True)
-        stats = collector.pipeline.stats
-        return {
-            "files": files,
-            "spans": spans,
-            "requests": stats.requests_summarized,
-            "traces": stats.traces_decided,
-            "kept_traces": stats.traces_kept,
-        }
     finally:
-        collector.close()
+        collector.close()  # writes what is queued: the writer's counts are final after it
+    stats = collector.pipeline.stats
+    return {
+        "files": files,
+        "spans": spans,
+        "requests": stats.requests_summarized,
+        "traces": stats.traces_decided,
+        "kept_traces": stats.traces_kept,
+        # re-sent copies of requests the database held already (the first copy wins)
+        "already_stored": collector.writer.requests_already_stored,
+    }
 
 
 def _bare(host: str) -> str:

@@ -218,6 +218,11 @@ def _cmd_import(args: argparse.Namespace) -> int:
         f"{counted(counts['requests'], 'request')}, {counted(counts['kept_traces'], 'trace')} kept "
         f"whole → {settings.db}"
     )
+    if counts["already_stored"]:
+        print(
+            f"  {counts['already_stored']:,} of these requests were in the database already (this "
+            "file, or a copy of its spans, imported before): kept once, as first stored"
+        )
     if counts["kept_traces"] < counts["traces"] and settings.baseline < 1:
         print(
             f"  the spans of {counted(counts['traces'] - counts['kept_traces'], 'trace')} were not "

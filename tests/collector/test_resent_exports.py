@@ -48,9 +48,9 @@ def test_importing_a_file_twice_stores_what_importing_it_once_does(tmp_path: Pat
     path = tmp_path / "exported.json"
     path.write_text(json.dumps(to_json([s for t in traces for s in t])))
     db = tmp_path / "t.duckdb"
-    counts, reports = [], []
+    counts, reports, said = [], [], []
     for _ in range(2):
-        _tokentrace("import", str(path), "--db", str(db))
+        said.append(_tokentrace("import", str(path), "--db", str(db)))
         conn = open_read_only(db)
         try:
             counts.append(_counts(conn.sql))
@@ -62,6 +62,9 @@ def test_importing_a_file_twice_stores_what_importing_it_once_does(tmp_path: Pat
     assert counts[0]["requests"] == 34 and counts[0]["spans"] > 0
     assert counts[1] == counts[0]
     assert reports[1]["count"] == reports[0]["count"] == 34
+    # the second import says its requests were there already
+    assert "in the database already" not in said[0]
+    assert "34 of these requests were in the database already" in said[1], said[1]
 
 
 def _post(url: str, spans: list[Span]) -> None:
