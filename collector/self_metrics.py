@@ -210,6 +210,18 @@ class CollectorMetrics:
             "span rows committed to DuckDB (of kept traces, and late spans of kept traces)",
             registry=r,
         )
+        self.requests_already_stored = RunningTotal(
+            "tokentrace_requests_already_stored",
+            "request summary rows left out because the database held that request already "
+            "(a re-sent export or a re-imported file beyond the decision cache: the first copy wins)",
+            registry=r,
+        )
+        self.spans_already_stored = RunningTotal(
+            "tokentrace_spans_already_stored",
+            "span rows left out because the database held that span of a kept trace already, "
+            "or its trace was stored dropped",
+            registry=r,
+        )
         self.write_errors = RunningTotal(
             "tokentrace_write_errors",
             "rows dropped because DuckDB would not take them, after their batch failed and was "

@@ -99,6 +99,8 @@ class Collector:
         m.write_errors.set(self.writer.write_errors)
         m.requests_written.set(self.writer.requests_written)
         m.spans_written.set(self.writer.spans_written)
+        m.requests_already_stored.set(self.writer.requests_already_stored)
+        m.spans_already_stored.set(self.writer.spans_already_stored)
         m.rows_lost.set(self.pipeline.stats.rows_lost)
         m.engine_steps_dropped.set(steps_dropped_total())
         if self.sampler.p99 is not None:

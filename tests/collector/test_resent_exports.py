@@ -84,6 +84,7 @@ def test_a_retry_that_reaches_a_new_serve_process_is_stored_once(tmp_path: Path)
             live.settle()
             counts = _counts(live.rows)
             stats = live.collector.pipeline.stats
+            metrics = httpx.get(f"{live.http}/metrics").text
         finally:
             stop()
         assert counts == {"requests": 2, "itl_hist": 2, "spans": 6, "kept_traces": 1}
@@ -91,6 +92,9 @@ def test_a_retry_that_reaches_a_new_serve_process_is_stored_once(tmp_path: Path)
     assert stats.traces_rechecked == 2
     assert live.collector.writer.requests_already_stored == 2
     assert live.collector.writer.spans_already_stored == 6
+    # and an operator sees them on /metrics
+    assert "tokentrace_requests_already_stored_total 2.0" in metrics
+    assert "tokentrace_spans_already_stored_total 6.0" in metrics
 
 
 def test_a_trace_the_decision_cache_forgot_is_not_summarized_again(make_rig) -> None:  # type: ignore[no-untyped-def]
