@@ -67,16 +67,20 @@ def _ids_condition(
     return f"trace_id IN (SELECT trace_id FROM {name})", []  # noqa: S608 - our own name
 
 
+def _request_key(trace_id: str, request_id: str | None, start_ns: int) -> tuple[str, str | int]:
+    """Gives what tells a stored request from another: (trace_id, request_id), or for a
+    request without an id, (trace_id, start_ns)."""
+    return (trace_id, request_id) if request_id else (trace_id, start_ns)
+
+
 @dataclass(slots=True)
 class StoredRows:
     """What the store holds of the traces rechecked in one write."""
 
     #: the traces rechecked
     recheck: set[str] = field(default_factory=set)
-    #: (trace_id, request_id) of stored requests, and (trace_id, start_ns) of those
-    #: without a request id
-    request_keys: set[tuple[str, str]] = field(default_factory=set)
-    idless_starts: set[tuple[str, int]] = field(default_factory=set)
+    #: stored requests, as `_request_key` gives them
+    request_keys: set[tuple[str, str | int]] = field(default_factory=set)
     #: traces with a stored request row (decided before), and those stored kept
     decided: set[str] = field(default_factory=set)
     kept: set[str] = field(default_factory=set)
@@ -106,10 +110,7 @@ class StoredRows:
                 ).fetchall()
                 for trace_id, request_id, start_ns in rows:
                     stored.decided.add(trace_id)
-                    if request_id:
-                        stored.request_keys.add((trace_id, request_id))
-                    else:
-                        stored.idless_starts.add((trace_id, start_ns))
+                    stored.request_keys.add(_request_key(trace_id, request_id, start_ns))
             sql = f"SELECT trace_id FROM kept_traces WHERE {where}"  # noqa: S608 - fixed SQL
             rows = conn.execute(sql, params).fetchall()
             stored.kept.update(trace_id for (trace_id,) in rows)
@@ -124,11 +125,6 @@ class StoredRows:
                 conn.unregister(name)
         stored.decided |= stored.kept
         return stored
-
-    def _request_stored(self, r: RequestSummary) -> bool:
-        if r.request_id:
-            return (r.trace_id, r.request_id) in self.request_keys
-        return (r.trace_id, r.start_ns) in self.idless_starts
 
     def _span_stored(self, s: Span) -> bool:
         """Whether the span is left out: its trace was stored dropped, or stored kept
@@ -162,7 +158,7 @@ class StoredRows:
         aligned = len(batch.itl_counts) == len(batch.requests)
         requests, counts = [], []
         for i, r in enumerate(batch.requests):
-            if r.trace_id in recheck and self._request_stored(r):
+            if r.trace_id in recheck and _request_key(r.trace_id, r.request_id, r.start_ns) in self.request_keys:
                 continue
             requests.append(r)
             if aligned:
@@ -175,10 +171,7 @@ class StoredRows:
         for r in requests:
             if r.trace_id in recheck:
                 self.decided.add(r.trace_id)
-                if r.request_id:
-                    self.request_keys.add((r.trace_id, r.request_id))
-                else:
-                    self.idless_starts.add((r.trace_id, r.start_ns))
+                self.request_keys.add(_request_key(r.trace_id, r.request_id, r.start_ns))
         for k in kept:
             if k.trace_id in recheck:
                 self.decided.add(k.trace_id)
