@@ -1,8 +1,11 @@
 """Maps the top-level folders onto the one import package `tokentrace`.
 
-`instrumentation/`, `collector/`, `analyzer/` and `web/` import as
-`tokentrace.instrumentation` etc.  Sub-packages are discovered here so that
-adding a folder with an `__init__.py` needs no packaging change.
+`app/` is the package itself (`tokentrace`: the command line and the composition
+root); `instrumentation/`, `collector/`, `analyzer/`, `web/`, `store/` and
+`examples/` import as `tokentrace.instrumentation` etc.  No folder is named
+`tokentrace`, so a clone's root never shadows the installed package.
+Sub-packages are discovered here so that adding a folder with an `__init__.py`
+needs no packaging change.
 """
 
 from pathlib import Path
@@ -11,11 +14,15 @@ from setuptools import setup
 
 ROOT = Path(__file__).parent
 FOLDERS = {
-    "tokentrace": "tokentrace",
+    "tokentrace": "app",
     "tokentrace.instrumentation": "instrumentation",
     "tokentrace.collector": "collector",
     "tokentrace.analyzer": "analyzer",
     "tokentrace.web": "web",
+    "tokentrace.store": "store",
+    # the demo's tiny LLM server, load generator and scenarios travel with the
+    # package, so `pip install tokentrace && tokentrace demo` works from a wheel
+    "tokentrace.examples": "examples",
 }
 
 

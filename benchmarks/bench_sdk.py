@@ -22,11 +22,9 @@ import copy
 import gc
 import random
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,11 +33,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from tokentrace import instrumentation as tt
+from tokentrace.examples.tiny_llm.model import KVCache, ModelConfig, build_model
 from tokentrace.instrumentation._request import finisher as request_finisher
 from tokentrace.instrumentation._steps import recorder as steps_recorder
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's examples/
-from examples.tiny_llm.model import KVCache, ModelConfig, build_model  # noqa: E402
 
 
 class DropExporter(SpanExporter):

@@ -47,7 +47,7 @@ ROW_KEYS: tuple[str, ...] = (
     "ts_ns",
     *(col for col, _ in GPU_COLUMNS.values()),
 )
-#: What the gpu_samples columns hold (tokentrace/store/schema.py): `gpu_index` is an
+#: What the gpu_samples columns hold (store/schema.py): `gpu_index` is an
 #: INTEGER, the byte counts BIGINTs.  A value beyond them is no GPU sample, and DuckDB
 #: would refuse its row at the writer (which drops it, and logs): it is refused here,
 #: with its reason, as a data point of the export (OTLP partial success).  Neither an

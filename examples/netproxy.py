@@ -5,7 +5,7 @@ side, in order, per direction. Throughput is not capped: chunks in flight are
 pipelined, as on a long but fat link.
 
 Library:  handle = start_proxy(8001, 8000, delay_ms=40); ...; handle.stop()
-CLI:      python -m examples.netproxy --listen 8001 --target 8000 --delay-ms 40
+CLI:      python -m tokentrace.examples.netproxy --listen 8001 --target 8000 --delay-ms 40
 """
 
 from __future__ import annotations

@@ -4,7 +4,6 @@ say their defaults, and explain every option."""
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,8 +12,6 @@ import pytest
 from tokentrace.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # `examples.*` resolves from the repository root
-    sys.path.insert(0, str(REPO))
 
 #: The design notes live outside the repository: a shipped text that cites them sends the
 #: reader to a file they do not have.
@@ -58,14 +55,14 @@ def _parser_of(main: Callable[[list[str]], object], monkeypatch: pytest.MonkeyPa
 
 def _example_parsers(monkeypatch: pytest.MonkeyPatch) -> dict[str, argparse.ArgumentParser]:
     pytest.importorskip("torch")  # the tiny server's model (the demo extra)
-    from examples import netproxy
-    from examples.load import generator
-    from examples.tiny_llm import server
+    from tokentrace.examples import netproxy
+    from tokentrace.examples.load import generator
+    from tokentrace.examples.tiny_llm import server
 
     return {
-        "examples.load.generator": _parser_of(generator.main, monkeypatch),
-        "examples.tiny_llm.server": _parser_of(server._parse_args, monkeypatch),
-        "examples.netproxy": _parser_of(netproxy.main, monkeypatch),
+        "tokentrace.examples.load.generator": _parser_of(generator.main, monkeypatch),
+        "tokentrace.examples.tiny_llm.server": _parser_of(server._parse_args, monkeypatch),
+        "tokentrace.examples.netproxy": _parser_of(netproxy.main, monkeypatch),
     }
 
 
@@ -98,13 +95,13 @@ def test_every_example_option_is_explained_and_the_generator_says_its_defaults(
     for name, parser in parsers.items():
         unexplained = [a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
         assert not unexplained, f"{name}: {unexplained} have no help text"
-    generator = parsers["examples.load.generator"]
+    generator = parsers["tokentrace.examples.load.generator"]
     for option, default in (("--limit", "50"), ("--time-compression", "10.0"), ("--trace", "azure_conv"),
                             ("--max-prompt-tokens", "400"), ("--max-output-tokens", "128"),
                             ("--seed", "0"), ("--url", "http://127.0.0.1:8000")):  # fmt: skip
         assert f"(default: {default})" in _help_of(generator, option), option
-    server = parsers["examples.tiny_llm.server"]
-    from examples.tiny_llm.config import ServerConfig
+    server = parsers["tokentrace.examples.tiny_llm.server"]
+    from tokentrace.examples.tiny_llm.config import ServerConfig
 
     for option, value in (("--max-batch-size", ServerConfig.max_batch_size),
                           ("--max-tokens-per-step", ServerConfig.max_tokens_per_step),

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+
 _given_ports: set[int] = set()
 _given_lock = threading.Lock()
 
@@ -354,3 +356,30 @@ class OtlpHttpSink:
         self.gate.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+def build_wheel(out: Path) -> Path:
+    """Gives the path of a wheel of this checkout, built into `out` (offline, no dependencies)."""
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(REPO)]
+    try:
+        import setuptools  # noqa: F401
+
+        cmd.insert(4, "--no-build-isolation")  # build with what is installed: fast, offline
+    except ImportError:
+        pass
+    subprocess.run(cmd, check=True, capture_output=True)
+    (whl,) = out.glob("tokentrace-*.whl")
+    return whl
+
+
+def install_wheel(wheel: Path, site: Path) -> dict[str, str]:
+    """Installs `wheel` alone into `site`; gives an environment whose `tokentrace` is that copy.
+
+    The copy comes first on the path, ahead of the editable install's finder;
+    dependencies still come from site-packages."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    return {**os.environ, "PYTHONPATH": str(site)}

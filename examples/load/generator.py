@@ -4,7 +4,7 @@ Client-side times (perf_counter on this process) are kept per request: start,
 first chunk, every chunk, end. The HTTP client is injectable (`client=` or
 `client_factory=`), so an instrumented client can be plugged in unchanged.
 
-CLI: python -m examples.load.generator --url http://127.0.0.1:8000 --trace azure_conv --limit 40
+CLI: python -m tokentrace.examples.load.generator --url http://127.0.0.1:8000 --trace azure_conv --limit 40
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class PromptBuilder:
     """Builds prompts of a requested token length from the shipped corpus."""
 
     def __init__(self, tokenizer: Any | None = None) -> None:
-        from examples.tiny_llm.tokenizer import build_tokenizer, read_corpus
+        from tokentrace.examples.tiny_llm.tokenizer import build_tokenizer, read_corpus
 
         self.tokenizer = tokenizer or build_tokenizer()
         self._ids = self.tokenizer.encode(read_corpus())

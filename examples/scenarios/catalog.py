@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from examples.load.workloads import (
+from tokentrace.examples.load.workloads import (
     AZURE_CODE,
     AZURE_CONV,
     MOONCAKE_CONVERSATION,

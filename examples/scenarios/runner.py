@@ -22,13 +22,17 @@ from typing import Any
 
 import httpx
 
-from examples.load.generator import DEFAULT_LIMITS, LoadGenerator, PromptBuilder, RequestResult
-from examples.load.workloads import RequestSpec
-from examples.netproxy import ProxyHandle, start_proxy
+from tokentrace.examples.load.generator import (
+    DEFAULT_LIMITS,
+    LoadGenerator,
+    PromptBuilder,
+    RequestResult,
+)
+from tokentrace.examples.load.workloads import RequestSpec
+from tokentrace.examples.netproxy import ProxyHandle, start_proxy
 
 from .catalog import Deployment, Scenario
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 #: (done, total) after every finished request
 Progress = Callable[[int, int], None]
 
@@ -61,7 +65,7 @@ def _listening_socket(host: str = "127.0.0.1") -> socket.socket:
 
 
 class ServerProcess:
-    """`python -m examples.tiny_llm.server` configured through TINY_LLM_* variables.
+    """`python -m tokentrace.examples.tiny_llm.server` configured through TINY_LLM_* variables.
 
     The port is bound and listening here, before the process starts, and the process
     serves on that very socket (`--fd`): no other process can take the port in between.
@@ -69,9 +73,6 @@ class ServerProcess:
 
     def __init__(self, settings: dict[str, Any], log: Path | None = None) -> None:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])]
-        )
         for key, value in settings.items():
             env[f"TINY_LLM_{key.upper()}"] = "none" if value is None else str(value)
         self._log = open(log or os.devnull, "ab")  # noqa: SIM115 - closed in stop()
@@ -81,10 +82,9 @@ class ServerProcess:
                 self.port = int(sock.getsockname()[1])
                 self.proc = subprocess.Popen(
                     [
-                        sys.executable, "-m", "examples.tiny_llm.server",
+                        sys.executable, "-m", "tokentrace.examples.tiny_llm.server",
                         "--log-level", "warning", "--fd", str(sock.fileno()),
                     ],
-                    cwd=REPO_ROOT,
                     env=env,
                     stdout=self._log,
                     stderr=subprocess.STDOUT,

@@ -1,6 +1,6 @@
 """OpenAI-compatible HTTP front end for the tiny LLM: POST /v1/completions, GET /health.
 
-Run: python -m examples.tiny_llm.server --port 8000
+Run: python -m tokentrace.examples.tiny_llm.server --port 8000
 """
 
 from __future__ import annotations

@@ -3,16 +3,12 @@ file, and a live in-process collector (OTLP/HTTP + OTLP/gRPC on free ports)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # the trace builders beside this file
-
 from collector_testkit import LiveCollector, start_live  # noqa: E402
 
 from tokentrace.collector.pipeline import Pipeline  # noqa: E402

@@ -16,7 +16,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
-from traces import request_trace, to_protobuf
+from otlp_traces import request_trace, to_protobuf
 
 from tokentrace.store.connection import open_db
 

@@ -13,7 +13,7 @@ import sys
 import grpc
 import httpx
 import pytest
-from traces import request_trace, to_json, to_protobuf
+from otlp_traces import request_trace, to_json, to_protobuf
 
 from tokentrace.analyzer.attribution import summarize_trace
 from tokentrace.collector.service import Collector, CollectorServer
@@ -267,7 +267,7 @@ def test_collector_that_cannot_start_closes_its_database(tmp_path, monkeypatch) 
 
 
 def _steps_span(service: str, starts: list[object], kv: list[object]) -> list:  # type: ignore[type-arg]
-    from traces import T0, new_id
+    from otlp_traces import T0, new_id
 
     from tokentrace.analyzer.spans import Span
     from tokentrace.instrumentation import semconv as sc
@@ -291,7 +291,7 @@ def test_engine_step_values_that_are_no_numbers_lose_their_field_not_the_round(
 ) -> None:  # type: ignore[no-untyped-def]
     # any sender may write the step lists: a string where a number belongs used to
     # make the analyzer raise, failing the decision round and every trace in it
-    from traces import T0
+    from otlp_traces import T0
 
     export = to_protobuf(request_trace(service="good"))
     steps = _steps_span("engine", [T0, "soon", T0 + 2_000_000], [0.5, "half", 0.25])

@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from traces import request_trace, to_protobuf
+from otlp_traces import request_trace, to_protobuf
 from tt_testkit import free_port
 
 from tokentrace.collector.grpc_receiver import TRACE_SERVICE, start_grpc_server

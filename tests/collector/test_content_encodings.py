@@ -22,7 +22,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
-from traces import request_trace, to_json, to_protobuf
+from otlp_traces import request_trace, to_json, to_protobuf
 
 from tokentrace.collector.content_encoding import BodyError, decompress
 

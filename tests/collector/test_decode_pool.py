@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from traces import new_id, request_trace, to_protobuf
+from otlp_traces import new_id, request_trace, to_protobuf
 from tt_testkit import start_serve
 
 from tokentrace.analyzer.attribution import summarize_trace

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from traces import T0, new_id, request_trace
+from otlp_traces import T0, new_id, request_trace
 
 from tokentrace.analyzer import engine_steps as es
 from tokentrace.analyzer.spans import KIND_INTERNAL, KIND_SERVER, Span

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from traces import request_trace, to_json, to_protobuf
+from otlp_traces import request_trace, to_json, to_protobuf
 
 PB = {"Content-Type": "application/x-protobuf"}
 JSON_H = {"Content-Type": "application/json"}

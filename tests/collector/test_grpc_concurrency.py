@@ -12,7 +12,7 @@ import grpc
 import pytest
 from collector_testkit import LiveCollector
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-from traces import request_trace, to_protobuf
+from otlp_traces import request_trace, to_protobuf
 from tt_testkit import start_serve
 
 from tokentrace.collector import grpc_receiver

@@ -16,7 +16,7 @@ import pytest
 from collector_testkit import start_live
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from traces import T0, new_id, request_trace, to_protobuf
+from otlp_traces import T0, new_id, request_trace, to_protobuf
 
 from tokentrace.analyzer.engine_steps import extract_engine_steps
 from tokentrace.analyzer.spans import KIND_INTERNAL, Span

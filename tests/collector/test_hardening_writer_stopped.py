@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from traces import request_trace
+from otlp_traces import request_trace
 
 from tokentrace.analyzer.attribution import summarize_trace
 from tokentrace.collector.writer import WriteBatch, Writer

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from traces import request_trace, to_protobuf
+from otlp_traces import request_trace, to_protobuf
 from tt_testkit import ServeProcess, free_port, serve_port_args, wait_started
 
 from tokentrace.store.serve_note import note_path, read_note

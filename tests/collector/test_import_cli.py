@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from traces import request_trace, to_json
+from otlp_traces import request_trace, to_json
 
 #: a trace id whose 56 random bits are 0: the baseline (kept from the top of the
 #: randomness down) never keeps it, so "0 traces kept whole" holds every run, not 98 %

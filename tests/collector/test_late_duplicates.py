@@ -12,7 +12,7 @@ import httpx
 import pytest
 from collector_testkit import LiveCollector, start_live
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-from traces import new_id, request_trace, to_protobuf
+from otlp_traces import new_id, request_trace, to_protobuf
 
 from tokentrace.analyzer.spans import KIND_INTERNAL, Span
 from tokentrace.collector.sampling import Sampler

@@ -15,7 +15,7 @@ from collector_testkit import LiveCollector
 from google.rpc.error_details_pb2 import RetryInfo
 from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from traces import request_trace, to_protobuf
+from otlp_traces import request_trace, to_protobuf
 
 from tokentrace.collector.grpc_receiver import METRICS_SERVICE, RETRY_AFTER_S, TRACE_SERVICE
 from tokentrace.collector.pipeline import REFUSED_BUFFER_FULL, REFUSED_WRITER_BEHIND

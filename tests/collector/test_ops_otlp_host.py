@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from traces import request_trace, to_protobuf
+from otlp_traces import request_trace, to_protobuf
 from tt_testkit import free_port
 
 from tokentrace.cli import build_parser

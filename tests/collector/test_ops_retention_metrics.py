@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 from collector_testkit import LiveCollector, start_live
+from otlp_traces import T0, new_id, request_trace, to_protobuf
 from prometheus_client.parser import text_string_to_metric_families
-from traces import T0, new_id, request_trace, to_protobuf
 
 from tokentrace.collector.retention import TABLES
 

@@ -16,7 +16,7 @@ import pytest
 from collector_testkit import LiveCollector, start_live
 from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-from traces import new_id, request_trace, to_json, to_protobuf
+from otlp_traces import new_id, request_trace, to_json, to_protobuf
 
 from tokentrace.collector import otlp
 from tokentrace.collector.settings import CollectorSettings

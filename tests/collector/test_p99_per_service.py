@@ -16,7 +16,7 @@ import random
 from typing import Any
 
 import pytest
-from traces import request_trace
+from otlp_traces import request_trace
 
 from tokentrace.analyzer.summary import RequestSummary
 from tokentrace.collector import sampling as sp

@@ -16,7 +16,7 @@ import pytest
 from ddsketch import DDSketch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from traces import request_trace
+from otlp_traces import request_trace
 
 from tokentrace.analyzer.summary import RequestSummary
 from tokentrace.collector import sampling as sp

@@ -8,7 +8,7 @@ import dataclasses
 import logging
 
 import pytest
-from traces import request_trace, to_json, to_protobuf
+from otlp_traces import request_trace, to_json, to_protobuf
 
 from tokentrace.analyzer import spans as spans_module
 from tokentrace.analyzer import summary as s

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from traces import new_id, request_trace
+from otlp_traces import new_id, request_trace
 
 from tokentrace.collector import sampling as sp
 from tokentrace.collector.pipeline import REFUSED_BUFFER_FULL, REFUSED_WRITER_BEHIND

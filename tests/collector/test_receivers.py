@@ -21,7 +21,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
-from traces import request_trace, to_json, to_protobuf
+from otlp_traces import request_trace, to_json, to_protobuf
 
 from tokentrace.instrumentation import semconv as sc
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 from collector_testkit import start_live
-from traces import request_trace, to_json, to_protobuf
+from otlp_traces import request_trace, to_json, to_protobuf
 
 from tokentrace.analyzer.spans import Span
 from tokentrace.collector.sampling import P99Tracker, Sampler

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from collector_testkit import LiveCollector, start_live
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from traces import T0, new_id, request_trace, to_protobuf
+from otlp_traces import T0, new_id, request_trace, to_protobuf
 
 from tokentrace.analyzer.engine_steps import EngineStep
 from tokentrace.analyzer.spans import Span

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from otlp_traces import new_id, request_trace, to_protobuf
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
-from traces import new_id, request_trace, to_protobuf
 
 from tokentrace import __version__
 from tokentrace.collector import self_metrics

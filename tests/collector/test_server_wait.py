@@ -6,12 +6,8 @@ server's: a trace whose SERVER span names a parent that has not come waits for i
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "analyzer"))
-
-from spanfactory import vllm_trace  # noqa: E402
+from analyzer.spanfactory import vllm_trace  # noqa: E402
 
 from tokentrace.analyzer.spans import KIND_CLIENT, KIND_SERVER  # noqa: E402
 from tokentrace.collector.settings import CollectorSettings, SettingError  # noqa: E402
@@ -84,7 +80,7 @@ def test_server_wait_is_a_setting_that_refuses_negatives() -> None:
 
 
 def test_a_client_span_packed_by_a_decode_worker_waits_too(make_rig) -> None:  # type: ignore[no-untyped-def]
-    from traces import to_protobuf
+    from otlp_traces import to_protobuf
 
     from tokentrace.collector.decode_pool import decode_export, unpack
 

@@ -19,7 +19,7 @@ from typing import Any
 import duckdb
 import httpx
 import pytest
-from traces import request_trace, to_protobuf
+from otlp_traces import request_trace, to_protobuf
 
 from tokentrace.analyzer.attribution import summarize_trace
 from tokentrace.collector.writer import WriteBatch, Writer

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from traces import request_trace, to_json
+from otlp_traces import request_trace, to_json
 from tt_testkit import serve_port_args, unwritable
 
 from tokentrace.store.connection import open_db

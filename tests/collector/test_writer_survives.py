@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from traces import request_trace, to_json
+from otlp_traces import request_trace, to_json
 
 from tokentrace.analyzer.attribution import summarize_trace
 from tokentrace.analyzer.engine_steps import EngineStep

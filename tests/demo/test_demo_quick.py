@@ -8,22 +8,21 @@ DuckDB file afterwards with the analyzer, per scenario `service.name`.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tt_testkit import build_wheel, install_wheel
 
 pytest.importorskip("torch")
 pytest.importorskip("uvicorn")
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
 
-from examples.scenarios import SCENARIOS  # noqa: E402
 from tokentrace.analyzer.filters import Filters  # noqa: E402
 from tokentrace.analyzer.report import build_report  # noqa: E402
+from tokentrace.examples.scenarios import SCENARIOS  # noqa: E402
 from tokentrace.instrumentation import semconv as sc  # noqa: E402
 from tokentrace.store.connection import open_read_only  # noqa: E402
 
@@ -38,7 +37,8 @@ pytestmark = pytest.mark.timeout(DEMO_TIMEOUT_S + 300)
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     tmp = tmp_path_factory.mktemp("demo")
     db = tmp / "demo.duckdb"
-    env = dict(os.environ, TOKENTRACE_EXAMPLES=str(REPO / "examples"))
+    # as a user runs it: a non-editable install (a wheel), in a directory outside any clone
+    env = install_wheel(build_wheel(tmp_path_factory.mktemp("wheel")), tmp / "site")
     proc = subprocess.run(
         [sys.executable, "-m", "tokentrace", "demo", "--quick", "--exit", "--db", str(db)],
         cwd=tmp,

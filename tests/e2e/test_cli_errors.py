@@ -30,8 +30,7 @@ def _one_clear_line(done: subprocess.CompletedProcess[str], says: str) -> None:
 
 
 def _export_line(service: str) -> str:
-    sys.path.insert(0, str(Path(__file__).parents[1] / "collector"))
-    from traces import request_trace, to_json
+    from otlp_traces import request_trace, to_json
 
     return json.dumps(to_json(request_trace(service=service)))
 

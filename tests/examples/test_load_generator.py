@@ -13,11 +13,11 @@ httpx = pytest.importorskip("httpx")
 
 from tt_testkit import start_serve  # noqa: E402
 
-from examples.load.generator import LoadGenerator, PromptBuilder, summarize  # noqa: E402
-from examples.load.workloads import RequestSpec  # noqa: E402
-from examples.netproxy import start_proxy  # noqa: E402
-from examples.tiny_llm.config import ServerConfig  # noqa: E402
-from examples.tiny_llm.server import ServerHandle, create_app, serve_in_thread  # noqa: E402
+from tokentrace.examples.load.generator import LoadGenerator, PromptBuilder, summarize  # noqa: E402
+from tokentrace.examples.load.workloads import RequestSpec  # noqa: E402
+from tokentrace.examples.netproxy import start_proxy  # noqa: E402
+from tokentrace.examples.tiny_llm.config import ServerConfig  # noqa: E402
+from tokentrace.examples.tiny_llm.server import ServerHandle, create_app, serve_in_thread  # noqa: E402
 
 SMALL = ServerConfig(
     d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq_len=512, max_batch_size=4, threads=2
@@ -93,7 +93,7 @@ def test_command_line_traces_its_requests_with_otlp_endpoint(
     serve = start_serve(tmp_path, "--baseline", "1")
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "examples.load.generator", "--url", server.url,
+            [sys.executable, "-m", "tokentrace.examples.load.generator", "--url", server.url,
              "--limit", "3", "--time-compression", "1000", "--max-output-tokens", "3",
              "--otlp-endpoint", serve.otlp_http, "--service-name", "load-test"],
             cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120,

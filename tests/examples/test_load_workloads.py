@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from examples.load.workloads import (
+from tokentrace.examples.load.workloads import (
     AZURE_CODE,
     AZURE_CONV,
     MOONCAKE_CONVERSATION,

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from examples.netproxy import start_proxy
+from tokentrace.examples.netproxy import start_proxy
 
 
 class _Echo(socketserver.BaseRequestHandler):

@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from examples.scenarios.runner import ServerProcess  # noqa: E402
+from tokentrace.examples.scenarios.runner import ServerProcess  # noqa: E402
 
 #: starts in seconds: a small model, no tokenizer training, no warm-up request
 SMALL = {

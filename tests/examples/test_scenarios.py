@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from examples.scenarios import SCENARIOS, get_scenario
-from examples.tiny_llm.config import ServerConfig
+from tokentrace.examples.scenarios import SCENARIOS, get_scenario
+from tokentrace.examples.tiny_llm.config import ServerConfig
 
 COMPLAINTS = {
     "tiny_prompts_slow",

@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from examples.tiny_llm.model import KVCache, ModelConfig, build_model  # noqa: E402
+from tokentrace.examples.tiny_llm.model import KVCache, ModelConfig, build_model  # noqa: E402
 
 CONFIG = ModelConfig(
     vocab_size=300, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq_len=128, seed=3

@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from examples.tiny_llm.model import ModelConfig, build_model  # noqa: E402
-from examples.tiny_llm.scheduler import (  # noqa: E402
+from tokentrace.examples.tiny_llm.model import ModelConfig, build_model  # noqa: E402
+from tokentrace.examples.tiny_llm.scheduler import (  # noqa: E402
     BATCH,
     FINISH_CANCELLED,
     FINISH_ERROR,

@@ -13,8 +13,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from examples.tiny_llm.config import ServerConfig  # noqa: E402
-from examples.tiny_llm.server import ServerHandle, create_app, serve_in_thread  # noqa: E402
+from tokentrace.examples.tiny_llm.config import ServerConfig  # noqa: E402
+from tokentrace.examples.tiny_llm.server import ServerHandle, create_app, serve_in_thread  # noqa: E402
 
 SMALL = ServerConfig(
     d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq_len=512, max_batch_size=4, threads=2
@@ -162,7 +162,7 @@ def test_a_request_without_tenant_names_none() -> None:
     tenant: a made-up "default" tenant read as the demo's biggest customer in reports."""
     from starlette.requests import Request
 
-    from examples.tiny_llm.server import CompletionHandler, CompletionRequest
+    from tokentrace.examples.tiny_llm.server import CompletionHandler, CompletionRequest
 
     handler = CompletionHandler(engine=None)  # type: ignore[arg-type]  # context() reads headers only
 

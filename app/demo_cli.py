@@ -23,29 +23,16 @@ from tokentrace._words import counted
 if TYPE_CHECKING:
     import duckdb
 
-EXAMPLES_ENV = "TOKENTRACE_EXAMPLES"
 DEFAULT_DEMO_DB = Path("tokentrace-demo.duckdb")
 CLIENT_SERVICE = "tokentrace-demo-client"
 
 
-def find_examples(cwd: Path | None = None) -> Path:
-    """Gives the `examples/` folder: $TOKENTRACE_EXAMPLES, the repo around cwd, or next to the source."""
-    env = os.environ.get(EXAMPLES_ENV)
-    if env:
-        path = Path(env).expanduser().resolve()
-        if not (path / "scenarios").is_dir():
-            raise SystemExit(f"tokentrace demo: {EXAMPLES_ENV}={env} has no scenarios/ folder")
-        return path
-    here = (cwd or Path.cwd()).resolve()
-    source_root = Path(__file__).resolve().parent.parent
-    for base in [here, *here.parents, source_root]:
-        candidate = base / "examples"
-        if (candidate / "scenarios").is_dir() and (candidate / "tiny_llm").is_dir():
-            return candidate
-    raise SystemExit(
-        "tokentrace demo: cannot find the examples/ folder (tiny LLM server and scenarios). "
-        f"Run it inside a clone of the tokentrace repository, or set {EXAMPLES_ENV}=/path/to/examples."
-    )
+def find_examples() -> Path:
+    """Gives the folder of the demo's tiny LLM server and scenarios: `tokentrace.examples`,
+    installed with the package (a wheel carries it too)."""
+    import tokentrace.examples
+
+    return Path(tokentrace.examples.__file__).resolve().parent
 
 
 def _port(preferred: int, taken: set[int]) -> int:
@@ -100,7 +87,7 @@ def start_collector(db: Path, attempts: int = 3) -> tuple[Any, Any]:
                 "grace_s": 2.0,
             }
         )
-        keep_store_private(settings.db)  # its WAL as private as the file (tokentrace/store/connection.py)
+        keep_store_private(settings.db)  # its WAL as private as the file (store/connection.py)
         try:
             return settings, start_servers(settings)
         except OSError as exc:
@@ -197,12 +184,9 @@ def summarize_findings(report: dict[str, Any]) -> list[str]:
 def run_demo(args: argparse.Namespace) -> int:
     """The `tokentrace demo` command."""
     examples = find_examples()
-    repo = examples.parent
-    if str(repo) not in sys.path:
-        sys.path.insert(0, str(repo))
-    from examples.load.generator import PromptBuilder
-    from examples.scenarios import SCENARIOS, get_scenario, run_scenario
     from tokentrace import instrumentation as tt
+    from tokentrace.examples.load.generator import PromptBuilder
+    from tokentrace.examples.scenarios import SCENARIOS, get_scenario, run_scenario
 
     wanted = getattr(args, "scenarios", None)
     scenarios = [get_scenario(n.strip()) for n in wanted.split(",")] if wanted else list(SCENARIOS)
