@@ -16,9 +16,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -383,3 +384,27 @@ def install_wheel(wheel: Path, site: Path) -> dict[str, str]:
         capture_output=True,
     )
     return {**os.environ, "PYTHONPATH": str(site)}
+
+
+def explorer(db: Path, api_token: str | None = None, host: str = "127.0.0.1") -> AbstractContextManager[str]:
+    """Serves the explorer over `db` while the block runs and gives its URL (`host`: the
+    address `serve` would bind, for its Host check)."""
+    from tokentrace.collector.settings import CollectorSettings
+    from tokentrace.web.app import create_web_app
+
+    return serving(create_web_app(CollectorSettings(db=db, api_token=api_token, host=host)))
+
+
+@contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """Serves the explorer `app` (from `create_web_app`) while the block runs; gives its URL."""
+    server = ThreadServer(app)
+    with server:
+        try:
+            yield server.url
+        finally:
+            state = server.server.config.app.state  # type: ignore[attr-defined]
+            # wait for a report still computing: DuckDB refuses to close a connection it runs on
+            state.reports.close(wait=True)
+            state.db.close()
+

@@ -11,7 +11,8 @@ import duckdb
 import pytest
 from hostile import generate_hostile
 from tracegen import GeneratedRequest, generate, generate_emitters
-from web_testkit import CHROMIUM, CHROMIUM_ARGS, HostileServer, WebServer, explorer
+from tt_testkit import explorer
+from web_testkit import CHROMIUM, CHROMIUM_ARGS, HostileServer, WebServer
 
 
 @pytest.fixture(scope="session")

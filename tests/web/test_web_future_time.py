@@ -16,7 +16,7 @@ import duckdb
 import httpx
 import pytest
 from tracegen import GeneratedRequest
-from web_testkit import explorer
+from tt_testkit import explorer
 
 from tokentrace.web._overview import FUTURE_SKEW_NS, newest_start_ns
 

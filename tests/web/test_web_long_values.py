@@ -18,7 +18,8 @@ import pytest
 from hostile import PAYLOADS
 from markupsafe import escape
 from tracegen import generate
-from web_testkit import HostileServer, explorer
+from tt_testkit import explorer
+from web_testkit import HostileServer
 
 from tokentrace.web._format import MAX_SHOWN_CHARS, clip_note
 from tokentrace.web._params import _MAX_CURSOR

@@ -11,7 +11,8 @@ import duckdb
 import httpx
 import pytest
 from tracegen import XSS_ATTR, XSS_NAME
-from web_testkit import WebServer, explorer
+from tt_testkit import explorer
+from web_testkit import WebServer
 
 from tokentrace.collector.otlp import decode_json
 from tokentrace.instrumentation import semconv as sc
@@ -530,7 +531,7 @@ def test_out_of_duckdbs_memory_is_a_503_that_says_what_to_do(
 ) -> None:
     """A window over millions of requests outgrew the 256MB bound: a bare 500 'internal error'
     (an SRE measured it at 2.5 M requests); here a tiny bound does the same on a small file."""
-    from web_testkit import explorer
+    from tt_testkit import explorer
 
     from tokentrace.web import _db
 

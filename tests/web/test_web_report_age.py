@@ -15,7 +15,8 @@ import duckdb
 import httpx
 import pytest
 from tracegen import GeneratedRequest
-from web_testkit import WebServer, serving
+from tt_testkit import serving
+from web_testkit import WebServer
 
 from tokentrace.collector.settings import CollectorSettings
 from tokentrace.web import _report_cache

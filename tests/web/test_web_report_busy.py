@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from tracegen import BASE_NS, GeneratedRequest
-from web_testkit import serving
+from tt_testkit import serving
 
 from tokentrace.collector.settings import CollectorSettings
 from tokentrace.web import _report_cache

@@ -21,7 +21,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from hostile import NON_FINITE
-from web_testkit import HostileServer, WebServer, explorer, serving
+from tt_testkit import explorer, serving
+from web_testkit import HostileServer, WebServer
 
 from tokentrace.collector.otlp import decode_json
 from tokentrace.collector.settings import CollectorSettings

@@ -19,7 +19,7 @@ import duckdb
 import httpx
 import pytest
 from tracegen import GeneratedRequest
-from web_testkit import explorer
+from tt_testkit import explorer
 
 from tokentrace.instrumentation import semconv as sc
 from tokentrace.web._long_values import LIST_ENDS

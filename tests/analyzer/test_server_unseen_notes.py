@@ -12,15 +12,16 @@ import random
 from pathlib import Path
 
 import httpx
-from analyzer.spanfactory import MS, genai_client_trace, sdk_trace
-from analyzer.workloads import Workload
-from web_testkit import explorer
+from tt_testkit import explorer
 
 from tokentrace.analyzer.attribution import summarize_trace
 from tokentrace.analyzer.render import render_markdown, render_text
 from tokentrace.analyzer.render_html import render_html
 from tokentrace.analyzer.report import build_report
 from tokentrace.analyzer.summary import RequestSummary
+
+from .spanfactory import MS, genai_client_trace, sdk_trace
+from .workloads import Workload
 
 SERVER_SIDE = "instrument the server to split the wait for the first token"
 
