@@ -46,11 +46,12 @@ from tokentrace.analyzer.summary import FLAG_SERVER_UNSEEN, RequestSummary
 from tokentrace.collector.decode_pool import limit_export_steps, note_dropped_steps
 from tokentrace.collector.packed import PackedTrace
 from tokentrace.collector.refusals import RefusalEpisodes
-from tokentrace.collector.sampling import REASON_UNSUMMARIZED, Decision, Sampler
+from tokentrace.collector.sampling import Decision, Sampler
 from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.settings import DEFAULT_MAX_BUFFERED_BYTES
 from tokentrace.collector.stored import RESEND_MARGIN_NS
 from tokentrace.collector.writer import KeptTrace, WriteBatch, Writer
+from tokentrace.store.reasons import REASON_UNSUMMARIZED
 
 logger = logging.getLogger("tokentrace.collector")
 

@@ -1,6 +1,6 @@
 """Tail-sampling policies: which traces keep their whole span tree, and why.
 
-Every decision records its reason (a named constant) and its weight (the
+Every decision records its reason (a named constant of store/reasons.py) and its weight (the
 adjusted count, 1 / probability), as Refinery and OTel's `ot=th` do.  Policies,
 first match wins: errors; configured SLOs; slowness above the running p99 of
 the request's service/model/route over the last 5 to 10 minutes (TTFT, E2E,
@@ -24,40 +24,15 @@ from dataclasses import dataclass
 from tokentrace.analyzer.spans import STATUS_ERROR, Span
 from tokentrace.analyzer.summary import RequestSummary
 from tokentrace.collector.sketch import LatencySketch
-
-REASON_ERROR = "error"
-REASON_SLO = "slo"
-REASON_RULE = "rule"
-REASON_BASELINE = "baseline"
-REASON_DROPPED = "dropped"
-#: Kept because one measure was above the running p99 of its service/model/route.
-REASON_P99_TTFT = "p99_ttft"
-REASON_P99_E2E = "p99_e2e"
-REASON_P99_QUEUE = "p99_queue"
-REASON_P99_PREFILL = "p99_prefill"
-REASON_P99_DECODE = "p99_decode"
-REASON_P99_NETWORK = "p99_network"
-REASON_P99_ITL = "p99_itl"
-#: Kept because its service/model/route was warming up: one of its first requests (since
-#: start, or since a whole window without one), before it has a p99.
-REASON_P99_WARMUP = "p99_warmup"
-#: Kept whole because the analyzer or the sampler failed on it (`Pipeline._unsummarized`).
-REASON_UNSUMMARIZED = "unsummarized"
-
-#: The request-summary field watched by each p99 reason.
-P99_MEASURES: tuple[tuple[str, str], ...] = (
-    ("ttft_ms", REASON_P99_TTFT),
-    ("e2e_ms", REASON_P99_E2E),
-    ("queue_ms", REASON_P99_QUEUE),
-    ("prefill_ms", REASON_P99_PREFILL),
-    ("decode_ms", REASON_P99_DECODE),
-    ("network_ms", REASON_P99_NETWORK),
-    ("itl_max_ms", REASON_P99_ITL),
+from tokentrace.store.reasons import (
+    P99_MEASURES,
+    REASON_BASELINE,
+    REASON_DROPPED,
+    REASON_ERROR,
+    REASON_P99_WARMUP,
+    REASON_RULE,
+    REASON_SLO,
 )
-ALL_REASONS: tuple[str, ...] = (
-    REASON_ERROR, REASON_SLO, *(r for _, r in P99_MEASURES), REASON_RULE, REASON_P99_WARMUP,
-    REASON_BASELINE, REASON_DROPPED,
-)  # fmt: skip
 
 #: 56 bits of randomness, as in W3C trace-context level 2 / OTel's `th`.
 _RANDOM_BITS = 56

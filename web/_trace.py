@@ -8,8 +8,8 @@ from typing import Any
 import duckdb
 
 from tokentrace.analyzer.conventions import UNMEASURED_PARTS
-from tokentrace.collector import sampling
 from tokentrace.instrumentation import semconv as sc
+from tokentrace.store import reasons
 from tokentrace.web import queries
 from tokentrace.web._db import fetch_dicts, time_limit
 from tokentrace.web._long_values import bounded_attributes
@@ -35,24 +35,24 @@ PHASE_BUCKETS: dict[str, tuple[str, str]] = {
     sc.SPAN_DETOKENIZE: ("queue", "other"),
 }
 
-#: What each measure a p99 reason watches is called in words (`sampling.P99_MEASURES`).
+#: What each measure a p99 reason watches is called in words (`reasons.P99_MEASURES`).
 _MEASURE_WORDS = {
     "ttft_ms": "TTFT (server)", "e2e_ms": "E2E", "queue_ms": "queue time", "prefill_ms": "prefill time",
     "decode_ms": "decode time", "network_ms": "network time", "itl_max_ms": "largest inter-token gap",
 }  # fmt: skip
 #: The reason of a trace kept whole because the analyzer failed on it.
-UNSUMMARIZED = sampling.REASON_UNSUMMARIZED
+UNSUMMARIZED = reasons.REASON_UNSUMMARIZED
 #: Why the collector kept a trace's spans, in words, by its sampling reason (docs/collector.md).
 KEPT_REASONS: dict[str, str] = {
-    sampling.REASON_ERROR: "a span had status ERROR, or the request was an error",
-    sampling.REASON_SLO: "its TTFT, E2E or largest inter-token gap was above a configured SLO",
+    reasons.REASON_ERROR: "a span had status ERROR, or the request was an error",
+    reasons.REASON_SLO: "its TTFT, E2E or largest inter-token gap was above a configured SLO",
     **{
         reason: f"its {_MEASURE_WORDS.get(measure, measure)} was above the running p99 of its service, model and route"
-        for measure, reason in sampling.P99_MEASURES
+        for measure, reason in reasons.P99_MEASURES
     },
-    sampling.REASON_RULE: "a --keep-rules attribute matched",
-    sampling.REASON_P99_WARMUP: "one of its service, model and route's first requests, before there is a p99 to judge it by",
-    sampling.REASON_BASELINE: "picked at random by the baseline sample",
+    reasons.REASON_RULE: "a --keep-rules attribute matched",
+    reasons.REASON_P99_WARMUP: "one of its service, model and route's first requests, before there is a p99 to judge it by",
+    reasons.REASON_BASELINE: "picked at random by the baseline sample",
     UNSUMMARIZED: "the analyzer could not summarize it, so its spans were kept to look at",
 }
 #: What a kept trace's weight is (the adjusted count of tail sampling), said after the reason.

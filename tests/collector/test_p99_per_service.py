@@ -21,6 +21,7 @@ from otlp_traces import request_trace
 from tokentrace.analyzer.summary import RequestSummary
 from tokentrace.collector import sampling as sp
 from tokentrace.collector.sampling import P99Tracker, Sampler
+from tokentrace.store import reasons
 
 MODEL = "tiny-llm"
 
@@ -59,9 +60,9 @@ def test_a_slow_service_does_not_hide_the_outliers_of_another_with_the_same_mode
     rows = rig.rows(
         "SELECT trace_id, service, kept, sample_reason, sample_weight FROM requests WHERE trace_id IN (?, ?, ?)", ids
     )
-    assert sorted(rows) == sorted((t, "svc-fast", True, sp.REASON_P99_TTFT, 1.0) for t in ids)
+    assert sorted(rows) == sorted((t, "svc-fast", True, reasons.REASON_P99_TTFT, 1.0) for t in ids)
     kept = dict(rig.rows("SELECT trace_id, reason FROM kept_traces"))
-    assert all(kept.get(t) == sp.REASON_P99_TTFT for t in ids)
+    assert all(kept.get(t) == reasons.REASON_P99_TTFT for t in ids)
 
 
 def _summary(service: str, ttft_ms: float, model: str = MODEL, route: str = "/v1/chat") -> RequestSummary:
@@ -93,10 +94,10 @@ def test_a_busy_fast_service_does_not_make_every_request_of_a_quiet_slow_one_an_
 
 def test_the_warm_up_is_per_service(clock) -> None:  # type: ignore[no-untyped-def]
     tracker = P99Tracker(min_samples=10, clock=clock)
-    reasons = [tracker.observe(_summary("a", 50.0)) for _ in range(12)]
-    assert reasons == [sp.REASON_P99_WARMUP] * 10 + [None] * 2
+    observed = [tracker.observe(_summary("a", 50.0)) for _ in range(12)]
+    assert observed == [reasons.REASON_P99_WARMUP] * 10 + [None] * 2
     # a second deployment of the same model/route warms up on its own
-    assert tracker.observe(_summary("b", 50.0)) == sp.REASON_P99_WARMUP
+    assert tracker.observe(_summary("b", 50.0)) == reasons.REASON_P99_WARMUP
 
 
 def test_p99_keys_are_capped_against_senders_that_make_up_service_names(  # type: ignore[no-untyped-def]
@@ -115,7 +116,7 @@ def test_p99_keys_are_capped_against_senders_that_make_up_service_names(  # type
     assert len(logged) == 1 and "more than 4 (service, model, route) keys" in logged[0]
     # a key silent for a whole window is forgotten, freeing its place
     clock.advance(sp.P99_WINDOW_S)
-    assert tracker.observe(_summary("svc", 50.0)) == sp.REASON_P99_WARMUP
+    assert tracker.observe(_summary("svc", 50.0)) == reasons.REASON_P99_WARMUP
     assert list(tracker._windows) == [("svc", MODEL, "/v1/chat")]
 
 

@@ -22,6 +22,7 @@ from tokentrace.analyzer.summary import RequestSummary
 from tokentrace.collector import sampling as sp
 from tokentrace.collector.sampling import P99Tracker, Sampler, parse_rules
 from tokentrace.collector.sketch import LatencySketch
+from tokentrace.store import reasons
 
 WINDOW_S = sp.P99_WINDOW_S
 
@@ -48,7 +49,7 @@ def test_the_slowest_requests_of_a_short_first_run_are_kept_whole(make_rig, cloc
     _decide_round(rig, burst)
     kept = _kept(rig)
     for spans in slow:
-        assert kept.get(spans[0].trace_id) == (sp.REASON_P99_WARMUP, 1.0)
+        assert kept.get(spans[0].trace_id) == (reasons.REASON_P99_WARMUP, 1.0)
     stored = dict(rig.rows("SELECT trace_id, count(*) FROM spans GROUP BY 1"))
     assert all(stored[spans[0].trace_id] == 6 for spans in slow)  # kept whole
     # every request has its summary, with the decision and a weight of 1
@@ -62,9 +63,9 @@ def test_the_warm_up_keeps_at_most_min_samples_traces_of_a_model_route(make_rig,
     _decide_round(rig, [request_trace(route="/v1/embed") for _ in range(30)])  # its own warm-up
     rows = rig.rows("SELECT route, sample_reason, count(*) FROM requests GROUP BY ALL ORDER BY ALL")
     assert rows == [
-        ("/v1/chat", sp.REASON_DROPPED, 150),
-        ("/v1/chat", sp.REASON_P99_WARMUP, 100),
-        ("/v1/embed", sp.REASON_P99_WARMUP, 30),
+        ("/v1/chat", reasons.REASON_DROPPED, 150),
+        ("/v1/chat", reasons.REASON_P99_WARMUP, 100),
+        ("/v1/embed", reasons.REASON_P99_WARMUP, 30),
     ]
 
 
@@ -83,7 +84,7 @@ def test_a_slow_early_burst_stops_hiding_later_outliers_after_a_window(make_rig,
     assert threshold is not None and threshold < 100  # the burst no longer counts
     outlier = request_trace(ttft_ms=800)  # 15x the new normal, still 10x below the burst
     _decide_round(rig, [outlier])
-    assert _kept(rig)[outlier[0].trace_id] == (sp.REASON_P99_TTFT, 1.0)
+    assert _kept(rig)[outlier[0].trace_id] == (reasons.REASON_P99_TTFT, 1.0)
 
 
 def _summary(ttft_ms: float, model: str = "m", route: str = "/v1/chat") -> RequestSummary:
@@ -135,10 +136,10 @@ def test_warm_up_traces_weigh_one_and_yield_to_rules(clock) -> None:  # type: ig
     sampler = Sampler(baseline=0.25, rules=parse_rules("tenant.id=acme"), p99=P99Tracker(clock=clock))
     decision = sampler.decide(lucky, (), [_summary(50.0)], span_error=False)
     # kept for sure, not by chance: a weight of 4 would count it four times
-    assert (decision.keep, decision.reason, decision.weight) == (True, sp.REASON_P99_WARMUP, 1.0)
+    assert (decision.keep, decision.reason, decision.weight) == (True, reasons.REASON_P99_WARMUP, 1.0)
     spans = request_trace(attributes={"tenant.id": "acme"})
-    assert sampler.decide(spans[0].trace_id, spans, [_summary(50.0)]).reason == sp.REASON_RULE
-    assert sp.REASON_P99_WARMUP in sp.ALL_REASONS
+    assert sampler.decide(spans[0].trace_id, spans, [_summary(50.0)]).reason == reasons.REASON_RULE
+    assert reasons.REASON_P99_WARMUP in reasons.ALL_REASONS
 
 
 def test_the_warm_up_keeps_only_its_first_p99_warmup_traces(clock) -> None:  # type: ignore[no-untyped-def]

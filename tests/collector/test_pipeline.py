@@ -8,6 +8,7 @@ from tokentrace.collector import sampling as sp
 from tokentrace.collector.pipeline import REFUSED_BUFFER_FULL, REFUSED_WRITER_BEHIND
 from tokentrace.collector.sampling import P99Tracker, Sampler, SloLimits, parse_rules
 from tokentrace.instrumentation import semconv as sc
+from tokentrace.store import reasons
 
 
 def test_sampled_out_traces_still_have_summary_rows(make_rig) -> None:  # type: ignore[no-untyped-def]
@@ -18,7 +19,7 @@ def test_sampled_out_traces_still_have_summary_rows(make_rig) -> None:  # type: 
     rig.clock.advance(1.5)
     assert rig.pipeline.decide_ready() == 20
     rows = rig.rows("SELECT kept, sample_reason, count(*) FROM requests GROUP BY ALL")
-    assert rows == [(False, sp.REASON_DROPPED, 20)]
+    assert rows == [(False, reasons.REASON_DROPPED, 20)]
     assert rig.rows("SELECT count(*) FROM spans") == [(0,)]
     assert rig.rows("SELECT count(*) FROM itl_hist") == [(20,)]
 
@@ -33,7 +34,7 @@ def test_error_and_slo_traces_are_kept_whole(make_rig) -> None:  # type: ignore[
     rig.clock.advance(1.5)
     rig.pipeline.decide_ready()
     kept = dict(rig.rows("SELECT trace_id, reason FROM kept_traces"))
-    assert kept == {err[0].trace_id: sp.REASON_ERROR, slow[0].trace_id: sp.REASON_SLO}
+    assert kept == {err[0].trace_id: reasons.REASON_ERROR, slow[0].trace_id: reasons.REASON_SLO}
     counts = dict(rig.rows("SELECT trace_id, count(*) FROM spans GROUP BY 1"))
     assert counts == {err[0].trace_id: 6, slow[0].trace_id: 6}
     assert rig.rows("SELECT count(*) FROM requests") == [(3,)]
@@ -58,8 +59,8 @@ def test_p99_of_model_route_keeps_the_outlier(make_rig) -> None:  # type: ignore
     rig.clock.advance(1.5)
     rig.pipeline.decide_ready()
     kept = dict(rig.rows("SELECT trace_id, reason FROM kept_traces"))
-    assert kept[slow_ttft[0].trace_id] == sp.REASON_P99_TTFT
-    assert kept[stall[0].trace_id] in (sp.REASON_P99_E2E, sp.REASON_P99_ITL, sp.REASON_P99_DECODE)
+    assert kept[slow_ttft[0].trace_id] == reasons.REASON_P99_TTFT
+    assert kept[stall[0].trace_id] in (reasons.REASON_P99_E2E, reasons.REASON_P99_ITL, reasons.REASON_P99_DECODE)
     assert len(kept) == 2  # the first request of /other had no p99 yet (and no warm-up here)
 
 
@@ -74,7 +75,7 @@ def test_attribute_rules_keep_matching_traces(make_rig) -> None:  # type: ignore
     rig.clock.advance(1.5)
     rig.pipeline.decide_ready()
     kept = dict(rig.rows("SELECT trace_id, reason FROM kept_traces"))
-    assert kept == {acme[0].trace_id: sp.REASON_RULE, big[0].trace_id: sp.REASON_RULE}
+    assert kept == {acme[0].trace_id: reasons.REASON_RULE, big[0].trace_id: reasons.REASON_RULE}
 
 
 def test_baseline_is_decided_from_the_trace_id_with_its_weight(make_rig) -> None:  # type: ignore[no-untyped-def]
@@ -86,7 +87,7 @@ def test_baseline_is_decided_from_the_trace_id_with_its_weight(make_rig) -> None
     rig.clock.advance(1.5)
     rig.pipeline.decide_ready()
     assert rig.rows("SELECT trace_id, reason, weight FROM kept_traces") == [
-        (lucky, sp.REASON_BASELINE, 4.0)
+        (lucky, reasons.REASON_BASELINE, 4.0)
     ]
     assert rig.rows("SELECT sample_weight FROM requests WHERE trace_id = ?", [lucky]) == [(4.0,)]
 

@@ -24,7 +24,7 @@ import pytest
 from web_testkit import WebServer
 
 from tokentrace.analyzer.render import ITL_APPROXIMATE, approximate
-from tokentrace.collector import sampling
+from tokentrace.store import reasons
 from tokentrace.web import _format
 from tokentrace.web._format import ms, pct
 from tokentrace.web._overview import headline, newest_start_ns
@@ -181,7 +181,7 @@ def test_every_keep_reason_is_explained() -> None:
     from tokentrace.collector.pipeline import UNSUMMARIZED as PIPELINE_UNSUMMARIZED
 
     assert UNSUMMARIZED == PIPELINE_UNSUMMARIZED
-    kept = set(sampling.ALL_REASONS) - {sampling.REASON_DROPPED}
+    kept = set(reasons.ALL_REASONS) - {reasons.REASON_DROPPED}
     assert kept | {UNSUMMARIZED} == set(KEPT_REASONS)
     # a reason this explorer does not know yet is still named, never an error
     assert kept_why("new_reason").startswith("Spans kept whole (reason new_reason).")
