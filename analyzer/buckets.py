@@ -1,4 +1,4 @@
-"""The four-bucket partition (DESIGN.md §2), shared by every convention adapter.
+"""The four-bucket partition (docs/design.md §2), shared by every convention adapter.
 
 All inputs are integer nanoseconds measured on one clock each; the partition
 is computed in integers and only then converted to ms, so network + queue +

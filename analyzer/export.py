@@ -1,4 +1,4 @@
-"""`tokentrace requests`: one row per request (DESIGN.md §6) as JSONL, CSV or Parquet."""
+"""`tokentrace requests`: one row per request (docs/design.md §6) as JSONL, CSV or Parquet."""
 
 from __future__ import annotations
 

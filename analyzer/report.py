@@ -1,4 +1,4 @@
-"""The report data function: one window of requests in, the DESIGN.md §6 JSON out.
+"""The report data function: one window of requests in, the docs/design.md §6 JSON out.
 
 The CLI's text/markdown/json/html renderers and the web explorer all call
 `build_report`; nothing renders from anywhere else.

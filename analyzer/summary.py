@@ -1,4 +1,4 @@
-"""The request summary (DESIGN.md §2): one row per request, kept or not.
+"""The request summary (docs/design.md §2): one row per request, kept or not.
 
 Field names are the column names of the `requests` table and of
 `tokentrace requests` output; times are milliseconds unless the name says
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-# Flags set when attribution had to clamp or reconcile (DESIGN.md §2).
+# Flags set when attribution had to clamp or reconcile (docs/design.md §2).
 FLAG_NEGATIVE_NETWORK = "negative_network"
 FLAG_BUCKET_EXCEEDS_E2E = "bucket_exceeds_e2e"
 FLAG_SOURCES_DISAGREE = "sources_disagree"

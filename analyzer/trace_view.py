@@ -8,7 +8,7 @@ from typing import Any
 
 from tokentrace.analyzer.spans import KIND_CLIENT, Span
 
-#: Tenant attribute keys, most specific first (DESIGN.md §3).
+#: Tenant attribute keys, most specific first (docs/design.md §3).
 TENANT_KEYS = ("tokentrace.tenant", "tenant.id", "user.id", "enduser.id")
 ENV_KEYS = ("deployment.environment.name", "deployment.environment")
 INSTANCE_KEYS = ("service.instance.id", "process.pid", "vllm.process_id")

@@ -1,4 +1,4 @@
-"""Receive → trace buffer → decide → summarize → write (DESIGN.md §4).
+"""Receive → trace buffer → decide → summarize → write (docs/design.md §4).
 
 `Pipeline.offer()` is what receivers call: it never blocks and gives a refusal
 reason when the buffer or the writer is full, so the receiver can answer 503

@@ -1,7 +1,7 @@
 """The client side: a CLIENT span around one call, with streamed-chunk times.
 
 The client span's duration minus the server's request span duration is the
-network time; its first chunk time is the TTFT the user felt (DESIGN.md §2).
+network time; its first chunk time is the TTFT the user felt (docs/design.md §2).
 So a chunk is a piece of the answer: of a server-sent-events stream
 (`text/event-stream`), an event that carries a token (`sse_data_is_token`), not
 the role-only first delta, a keep-alive comment or a `message_start` that

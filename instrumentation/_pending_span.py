@@ -223,7 +223,7 @@ class PendingSpan(trace.Span):
                 elif not follows_unsampled_callers():
                     # A caller that sampled its trace out (a gateway's head sampling)
                     # still gets this request recorded: the collector summarizes
-                    # every request and samples the spans itself (DESIGN.md §4,
+                    # every request and samples the spans itself (docs/design.md §4,
                     # "sample the spans, never the numbers").  The trace id and
                     # parent stay, so a trace the caller does keep is still whole.
                     flags |= TraceFlags.SAMPLED

@@ -194,7 +194,7 @@ def add_identity(
     traffic_class: str | None,
     extra: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    """Adds who and what a call is for (DESIGN.md §3) to `attrs`, then `extra`; gives `attrs`."""
+    """Adds who and what a call is for (docs/design.md §3) to `attrs`, then `extra`; gives `attrs`."""
     if model:
         attrs[semconv.REQUEST_MODEL] = model
     if tenant:

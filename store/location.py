@@ -1,4 +1,4 @@
-"""Where the database file is: $TOKENTRACE_DB, else ./tokentrace.duckdb (DESIGN.md §6).
+"""Where the database file is: $TOKENTRACE_DB, else ./tokentrace.duckdb (docs/design.md §6).
 
 No DuckDB here: the command line reads these to build its help.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-#: Environment variable naming the database file (DESIGN.md §6).
+#: Environment variable naming the database file (docs/design.md §6).
 DB_ENV = "TOKENTRACE_DB"
 DEFAULT_DB = "tokentrace.duckdb"
 #: Environment variable bounding DuckDB's memory in the writing process.

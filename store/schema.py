@@ -7,7 +7,7 @@ Tables
 schema_version
     One row per applied migration (`version`, `applied_at`).
 requests
-    One row per request, for **every** request, kept or not (DESIGN.md §2, §4).
+    One row per request, for **every** request, kept or not (docs/design.md §2, §4).
     Columns are `tokentrace.analyzer.summary.COLUMNS`: times in ms, `start_ns`
     unix ns, `flags` the clamp/reconcile marks, `kept`/`sample_reason`/
     `sample_weight` the sampling decision, `source` the span convention.

@@ -240,7 +240,7 @@ def _first_attr(spans: Sequence[Span]) -> Callable[[Sequence[str], Any], Any]:
 
 def drop_impossible_counts(summary: s.RequestSummary) -> None:
     """A token count a sender got wrong (negative, or beyond 2^31-1) is no count:
-    it is dropped and the request flagged, as DESIGN.md §2 asks of impossible
+    it is dropped and the request flagged, as docs/design.md §2 asks of impossible
     values — and it would not fit the store's column either."""
     for name in ("prompt_tokens", "output_tokens"):
         n = getattr(summary, name)

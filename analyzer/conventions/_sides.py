@@ -1,4 +1,4 @@
-"""Which client span and which server span time a request (DESIGN.md §2).
+"""Which client span and which server span time a request (docs/design.md §2).
 
 network = the client span's duration − the outermost server span's duration, and E is
 the client span's duration.  The client span is the user's: the outermost CLIENT span

@@ -1,4 +1,4 @@
-"""Adapter for SGLang's request traces (0.5; DESIGN.md §3).
+"""Adapter for SGLang's request traces (0.5; docs/design.md §3).
 
 The root span is `" Req <rid8>"` (leading space), or `prefill Req …` /
 `decode Req …` when prefill and decode are disaggregated; older releases name

@@ -1,4 +1,4 @@
-"""Adapter for Hugging Face TGI's router spans (DESIGN.md §3).
+"""Adapter for Hugging Face TGI's router spans (docs/design.md §3).
 
 The handler span (`generate`, `generate_stream`, `chat_completions`,
 `completions`; kind INTERNAL) carries Rust `Duration` Debug strings: `total_time`,

@@ -1,4 +1,4 @@
-"""Adapter for vLLM's `llm_request` span (V1 engine, 0.11+; V0 engine; DESIGN.md §3).
+"""Adapter for vLLM's `llm_request` span (V1 engine, 0.11+; V0 engine; docs/design.md §3).
 
 vLLM gives float-second attributes measured on the engine's clock:
 prefill = time_in_model_prefill, decode = time_in_model_decode, queue_wait =
@@ -173,7 +173,7 @@ def _merge(samples: list[_Phases]) -> _Phases:
     time runs from the first sample's start to the last one's end.  On that time line
     each sample's first token comes at its start + TTFT, its prefill ends there and its
     decode begins: prefill runs from the first sample scheduled to the first token of
-    any, decode from there to the last token of any (DESIGN.md §2), and the queue wait
+    any, decode from there to the last token of any (docs/design.md §2), and the queue wait
     is the wait for the first sample to be scheduled.  Without a sample's TTFT the time
     line is not known: the sample that ended last stands for the request.
     """

@@ -1,6 +1,6 @@
 """The diagnosis: a window of requests in, findings in the complaint table's words out.
 
-One module per signal (DESIGN.md §5).  `diagnose` runs them all, drops the
+One module per signal (docs/design.md §5).  `diagnose` runs them all, drops the
 ones that do not apply, and ranks the rest by confidence × impact.
 """
 
@@ -98,7 +98,7 @@ def diagnose(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None) ->
 
 
 def _one_story_per_queue(found: list[Finding]) -> list[Finding]:
-    """Drops the second telling of one queue.  DESIGN.md §5 gives `peak_hours` the time
+    """Drops the second telling of one queue.  docs/design.md §5 gives `peak_hours` the time
     story (busy slices against the rest) and `bad_in_production` the environment story,
     with low against high concurrency standing in where the traces carry no usable
     environments.  Both stand-ins read the same slices of one window, so:

@@ -31,7 +31,7 @@ TARGET_SLICES = 60
 MIN_SLICE_NS = 1_000_000_000
 NICE_SLICE_SECONDS = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 
-#: What to fix first, per complaint (DESIGN.md §5).  Where a signal knows which cause
+#: What to fix first, per complaint (docs/design.md §5).  Where a signal knows which cause
 #: fired, its finding leads with that cause's fix (`Finding.fix_lead`) and this follows.
 FIX_FIRST: dict[str, str] = {
     "tiny_prompts_slow": "Check the serving region against your users, kill cross-region hops, cap queue depth.",

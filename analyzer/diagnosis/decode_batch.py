@@ -8,7 +8,7 @@ sequences it decodes: engine steps that prefill nothing, their time at the small
 batches against the largest; where no engine steps are recorded (vLLM's and SGLang's
 spans carry none), TPOT against how many requests the server computed at once stands in.
 
-Which row of the complaint table (DESIGN.md §5): `stutter`, "decode is getting
+Which row of the complaint table (docs/design.md §5): `stutter`, "decode is getting
 interrupted", where the time goes to ITL and the fix first is "reduce decode batching".
 The time is ITL here too, and that fix is this one.  `batch_mode_breaks_live`
 ("aggressive batching: TTFT and ITL stretched by design") is about batch traffic sharing

@@ -1,6 +1,6 @@
 """`peak_hours`: the system accepts more work than it can serve, and the queue dominates.
 
-Two shapes of it (DESIGN.md §5):
+Two shapes of it (docs/design.md §5):
 
 - **a peak**: in the busiest time slices the queue takes over, against quieter slices
   of the same window (the contrast: "latency explodes at peak hours");

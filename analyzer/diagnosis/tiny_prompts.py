@@ -1,6 +1,6 @@
 """`tiny_prompts_slow`: even small prompts wait mostly on the wire or in line for their first token.
 
-"Slow before inference starts" (DESIGN.md §5) is judged on the user's wait for the first
+"Slow before inference starts" (docs/design.md §5) is judged on the user's wait for the first
 token (TTFT as the client saw it, else network + the server's TTFT), not on E2E: a chat
 answer streaming for seconds would otherwise dilute a 600 ms cross-region hop to a few
 percent of E2E.  An absolute floor keeps a fast server near its users unflagged, however

@@ -1,4 +1,4 @@
-"""The demo's scenarios: one per complaint of DESIGN.md §5, plus cold start and a healthy baseline.
+"""The demo's scenarios: one per complaint of docs/design.md §5, plus cold start and a healthy baseline.
 
 A scenario is a real configuration of the tiny server (batching policy,
 chunked prefill, batch delay, priorities, network distance, environment) and

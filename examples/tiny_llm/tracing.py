@@ -4,7 +4,7 @@ Everything tokentrace-specific in the server is in this file; the server calls
 `setup_tracing` once at start-up and `RequestTracing` per request. With no OTLP
 endpoint configured nothing here runs and the server serves untraced.
 
-What each request gets (DESIGN.md §2):
+What each request gets (docs/design.md §2):
 - a request span continuing the client's `traceparent` (`tt.request(headers=...)`),
   with tenant, traffic class, model and request id;
 - `tokenize` / `detokenize` phases from the tokenizer wrapped by `tt.wrap_tokenizer`;

@@ -1,4 +1,4 @@
-"""Builds spans of each serving stack's convention, with known ground truth (DESIGN.md §3)."""
+"""Builds spans of each serving stack's convention, with known ground truth (docs/design.md §3)."""
 
 from __future__ import annotations
 

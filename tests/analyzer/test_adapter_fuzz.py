@@ -1,5 +1,5 @@
 """No request disappears from the percentiles: each convention's traces, mutated the way
-real senders differ, still give their requests, summarized soundly (DESIGN.md §2, §3).
+real senders differ, still give their requests, summarized soundly (docs/design.md §2, §3).
 
 The collector calls `summarize_trace` once per trace; an adapter that raises makes
 its request vanish, or be summarized by a weaker adapter.  Each case below takes a

@@ -1,5 +1,5 @@
 """network = the user's client span − the OUTERMOST server span; E = the user's client
-span (DESIGN.md §2).
+span (docs/design.md §2).
 
 The user's client span is the outermost CLIENT span above the request; the server's
 time is the outermost SERVER span between the two (a proxy, a gateway, an HTTP server
@@ -95,7 +95,7 @@ def test_a_proxy_between_user_and_server_is_queue_and_the_user_span_is_e2e(sourc
     assert r.source == source
     assert r.e2e_ms == pytest.approx(truth.e2e + 4 + 30 + 60, abs=0.01)
     assert r.network_ms == pytest.approx(60.0, abs=0.01)
-    # the proxy's own 30 ms and its 4 ms hop are queue: gateway time (DESIGN.md §2)
+    # the proxy's own 30 ms and its 4 ms hop are queue: gateway time (docs/design.md §2)
     assert r.queue_ms == pytest.approx(truth.queue + 34, abs=0.01)
     assert r.prefill_ms == pytest.approx(truth.prefill, abs=0.01)
     assert r.decode_ms == pytest.approx(truth.decode, abs=0.01)

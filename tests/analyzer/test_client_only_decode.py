@@ -4,7 +4,7 @@ chunk to the end of the client span (the span ends when the stream does).
 OpenTelemetry GenAI client spans often carry only `gen_ai.response.time_to_first_chunk`
 (OpenInference: one "First Token Stream Event").  Their decode used to read 0, its time
 booked as queue (87 % of E in the review's traces: a false "slow before inference"
-finding), and their TPOT as 0.0 ms, where DESIGN.md §2 says what is not measured is
+finding), and their TPOT as 0.0 ms, where docs/design.md §2 says what is not measured is
 None, never zero.
 """
 

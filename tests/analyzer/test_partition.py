@@ -1,4 +1,4 @@
-"""The four buckets add up to E exactly, whatever the inputs (DESIGN.md §2)."""
+"""The four buckets add up to E exactly, whatever the inputs (docs/design.md §2)."""
 
 from __future__ import annotations
 

@@ -154,7 +154,7 @@ def test_stutter_beside_large_prefills_says_chunked_prefill_first(write_workload
     assert f["fix_first"].startswith("Enable chunked prefill"), f["fix_first"]
     assert f"≥ {linked['large_prefill_tokens']}-token prefill steps" in f["fix_first"]
     assert "--enable-chunked-prefill" in f["fix_first"] and "--max-num-batched-tokens" in f["fix_first"]
-    # DESIGN.md §5's advice still follows
+    # docs/design.md §5's advice still follows
     assert f["fix_first"].endswith(". Then: reduce decode batching, separate long and short requests.")
 
 

@@ -1,4 +1,4 @@
-"""TGI requests that do not end well are still requests (DESIGN.md §3).
+"""TGI requests that do not end well are still requests (docs/design.md §3).
 
 TGI records its timing fields (`total_time`, `queue_time`, …) only when an answer ends
 (router/src/server.rs `generate_stream_internal`: the `span.record` calls sit in the

@@ -1,4 +1,4 @@
-"""What the real serving stacks emit, beyond the factories' usual shape (DESIGN.md §3).
+"""What the real serving stacks emit, beyond the factories' usual shape (docs/design.md §3).
 
 Each test cites the upstream code it mirrors, so the next engineer can re-check it.
 """

@@ -1,6 +1,6 @@
 """Shapes the serving stacks emit that a review reproduced against their sources:
 SGLang's tensor-parallel ranks, retracts and aborts, vLLM's parallel sampling, TGI's
-several-prompt completions and its default span tree (DESIGN.md §2, §3).
+several-prompt completions and its default span tree (docs/design.md §2, §3).
 
 Each test cites the upstream code it mirrors, so the next engineer can re-check it.
 """
@@ -196,7 +196,7 @@ def _retracted() -> list[Span]:
 
 
 def test_sglang_retracted_request_prefill_is_the_first_only() -> None:
-    """Decode runs first token → last token (DESIGN.md §2): the re-prefill after a retract
+    """Decode runs first token → last token (docs/design.md §2): the re-prefill after a retract
     lies inside it.  Counted as prefill too it read prefill 250 and queue 0 for a truth of
     100 and 18 (the review's sglang_retract)."""
     r = _one(_retracted(), "sglang")
