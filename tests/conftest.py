@@ -1,12 +1,18 @@
-"""Fixtures shared by every test folder (helpers live in `tt_testkit`)."""
+"""Fixtures and run settings shared by every test folder (helpers live in `tt_testkit`)."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from tt_testkit import ServeProcess, start_serve
+
+#: Fixtures that start a real process or browser: a test that uses one is `slow`.
+SLOW_FIXTURES = frozenset({"serve", "serve_sdk", "browser", "page"})
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -16,6 +22,58 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "filterwarnings", "ignore:mypy_extensions.TypedDict is deprecated:DeprecationWarning"
     )
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """Gives 0 (run in this process) when the command names only test files or test ids:
+    one file runs sooner without starting workers, and prints as plain pytest does."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist reads it
+    args = [a for a in config.args if not a.startswith("-")]
+    if args and all("::" in a or a.endswith(".py") for a in args):
+        return 0
+    return None  # xdist's default: one worker per CPU
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    # outermost (tryfirst), so the wait for the machine is not counted in a test's timeout
+    with _machine_share(item.config, alone=item.get_closest_marker("alone") is not None):
+        return (yield)
+
+
+@contextmanager
+def _machine_share(config: pytest.Config, alone: bool) -> Iterator[None]:
+    """Holds the machine shared with the other pytest-xdist workers, or to itself (`alone`).
+
+    A test marked `alone` (the demo's real-time load) waits for the tests running on other
+    workers to end, and they wait for it: a file lock that every test holds shared and an
+    `alone` test holds exclusive.  The turnstile lets an `alone` test in before tests that
+    asked after it, or the other workers' stream of tests would hold it off."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield  # one process: nothing runs beside a test
+        return
+    # each worker's basetemp is <the run's basetemp>/<worker id>: the parent is this run's own
+    run_dir = Path(config.option.basetemp).parent
+    with open(run_dir / "machine.turnstile", "a") as turnstile, open(run_dir / "machine.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 @pytest.fixture
