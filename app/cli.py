@@ -126,8 +126,8 @@ def _serve_parser(sub: _WithParents) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from tokentrace.collector.service import serve
     from tokentrace.collector.settings import CollectorSettings, resolve
+    from tokentrace.serve import serve
     from tokentrace.store.connection import keep_store_private
 
     explicit = {k: getattr(args, k) for k in CollectorSettings.__dataclass_fields__}
@@ -206,8 +206,8 @@ def exposure_warning(host: str, api_token: str | None) -> str | None:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from tokentrace.collector.service import import_files
     from tokentrace.collector.settings import resolve
+    from tokentrace.file_import import import_files
     from tokentrace.store.connection import keep_store_private
 
     settings = resolve({"db": args.db, "baseline": args.baseline})

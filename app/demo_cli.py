@@ -69,8 +69,8 @@ def start_collector(db: Path, attempts: int = 3) -> tuple[Any, Any]:
     A port found free can be taken before the collector binds it (another program,
     an outgoing connection's ephemeral port): the start is then tried again on
     other free ports."""
-    from tokentrace.collector.service import start_servers
     from tokentrace.collector.settings import resolve
+    from tokentrace.serve import start_servers
     from tokentrace.store.connection import keep_store_private
 
     for attempt in range(attempts):

@@ -204,7 +204,7 @@ def start_grpc_server(
         bound = server.add_insecure_port(target)
     except RuntimeError as exc:  # grpcio >= 1.5x raises where older ones gave 0
         # grpc's message says no cause (its C core logged one); the caller can probe
-        # the address for the OS's reason (collector/service.py check_bindable)
+        # the address for the OS's reason (`tokentrace.ports.check_bindable`)
         raise OSError(f"cannot serve OTLP/gRPC on {target}: {exc}") from exc
     if bound == 0:
         raise OSError(f"cannot serve OTLP/gRPC on {target}: grpc could not bind it")

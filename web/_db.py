@@ -1,9 +1,7 @@
-"""Read access for the web pages: one cursor per request, a time limit, a row cap.
+"""Page queries' bounds: a time limit and a row cap (with a `truncated` flag).
 
-Inside `tokentrace serve` the collector owns the process's only DuckDB
-connection (DuckDB allows one writer per file), so pages read through cursors
-of it; standalone (tests, `create_web_app(settings)`), the file is opened
-read-only once and shared the same way.
+The cursors come from the store's reader (store/reader.py); these limits are
+the explorer's, so a slow filter gives a clear 503 instead of a stuck page.
 """
 
 from __future__ import annotations
@@ -11,12 +9,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import duckdb
-
-from tokentrace.store.connection import open_read_only
 
 #: Most rows any page query gives back; more sets `truncated`.
 ROW_CAP = 1000
@@ -26,41 +21,6 @@ QUERY_TIME_LIMIT_S = 10.0
 
 class QueryTimeout(RuntimeError):
     """A page query ran past its time limit and was interrupted."""
-
-
-class Database:
-    """Hands out cursors for page queries, over the collector's or a read-only connection."""
-
-    def __init__(self, db_path: Path, collector: Any = None) -> None:
-        self._db_path = db_path
-        self._collector = collector
-        self._own: duckdb.DuckDBPyConnection | None = None
-        self._lock = threading.Lock()
-
-    def _base(self) -> duckdb.DuckDBPyConnection:
-        if self._collector is not None:
-            conn: duckdb.DuckDBPyConnection = self._collector.conn
-            return conn
-        with self._lock:
-            if self._own is None:
-                # opened lazily so the app can start before the first import wrote the file
-                self._own = open_read_only(self._db_path)
-            return self._own
-
-    @contextmanager
-    def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """Gives a cursor for one request's queries, closed afterwards."""
-        cur = self._base().cursor()
-        try:
-            yield cur
-        finally:
-            cur.close()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._own is not None:
-                self._own.close()
-                self._own = None
 
 
 @contextmanager

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokentrace.analyzer.report import build_report
-from tokentrace.web._db import Database, time_limit
+from tokentrace.store.reader import StoreReader
+from tokentrace.web._db import time_limit
 from tokentrace.web._params import ViewFilters
 
 #: A report younger than this is served without recomputing.
@@ -67,7 +68,7 @@ class CachedReport:
 class ReportCache:
     """Hands out the report of a filter set: fresh, stale-while-refreshing, or after waiting."""
 
-    def __init__(self, db: Database, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, db: StoreReader, clock: Callable[[], float] = time.monotonic) -> None:
         self._db = db
         self._clock = clock
         self._lock = threading.Lock()

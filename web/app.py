@@ -10,6 +10,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -29,12 +30,12 @@ from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokentrace._loopback import host_port
 from tokentrace.analyzer.export import write_requests
 from tokentrace.store.connection import StoreError
+from tokentrace.store.reader import StoreReader
 from tokentrace.web import _format
 from tokentrace.web._data_json import DataJSONResponse
-from tokentrace.web._db import Database, QueryTimeout, fetch_dicts
+from tokentrace.web._db import QueryTimeout, fetch_dicts
 from tokentrace.web._export import to_chrome_trace, to_otlp_json
 from tokentrace.web._guard import make_guard, secure
 from tokentrace.web._overview import filter_choices, newest_start_ns, overview_data
@@ -106,12 +107,26 @@ def retention_note(settings: Any) -> str | None:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class OtlpAddresses:
+    """Where the serving collector takes OTLP: empty pages and `report --url` name them."""
+
+    http_url: str  # http://host:port
+    grpc_address: str  # host:port
+
+
 def create_web_app(
-    settings: Any, collector: Any = None, clock: Callable[[], float] = time.monotonic
+    settings: Any,
+    *,
+    store: StoreReader | None = None,
+    otlp: OtlpAddresses | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> FastAPI:
-    """Gives the explorer app over `settings.db` (read through `collector.conn` when given);
-    `clock` (monotonic seconds) dates the cached diagnosis reports, which pages say the age of."""
-    db = Database(Path(settings.db), collector)
+    """Gives the explorer app over `settings.db`, read through `store` when given (inside
+    `tokentrace serve`: cursors of the writer's connection), else the file read-only.
+    `otlp`: the addresses an empty page tells to send traces to; `clock` (monotonic
+    seconds) dates the cached diagnosis reports, which pages say the age of."""
+    db = store if store is not None else StoreReader(Path(settings.db))
     deleted_note = retention_note(settings)
     token: str | None = getattr(settings, "api_token", None) or None
     app = FastAPI(title="tokentrace", docs_url=None, redoc_url=None, openapi_url=None)
@@ -121,12 +136,8 @@ def create_web_app(
     )
     templates = Jinja2Templates(env=env)
     _format.install(templates.env)
-    if collector is not None:  # inside `tokentrace serve`: empty pages name its OTLP addresses
-        otlp_host = settings.otlp_bind_host
-        templates.env.globals["otlp"] = {
-            "http": f"http://{host_port(otlp_host, settings.http_port)}",
-            "grpc": host_port(otlp_host, settings.grpc_port),
-        }
+    if otlp is not None:
+        templates.env.globals["otlp"] = {"http": otlp.http_url, "grpc": otlp.grpc_address}
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     reports = ReportCache(db, clock)
     app.state.db = db

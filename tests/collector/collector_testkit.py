@@ -9,10 +9,10 @@ from typing import Any
 
 from tt_testkit import ThreadServer, bound_socket, free_port
 
+from tokentrace.collector.collector import Collector
 from tokentrace.collector.decode_pool import DecodePool
 from tokentrace.collector.grpc_receiver import start_grpc_server
 from tokentrace.collector.http_receiver import create_http_app
-from tokentrace.collector.service import Collector
 from tokentrace.collector.settings import CollectorSettings
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 

@@ -16,9 +16,10 @@ import pytest
 from otlp_traces import request_trace, to_json, to_protobuf
 
 from tokentrace.analyzer.attribution import summarize_trace
-from tokentrace.collector.service import Collector, CollectorServer
+from tokentrace.collector.collector import Collector
 from tokentrace.collector.settings import CollectorSettings
 from tokentrace.collector.writer import WriteBatch, Writer
+from tokentrace.serve import CollectorServer
 from tokentrace.store.connection import open_db
 
 PB = {"Content-Type": "application/x-protobuf"}
@@ -251,12 +252,10 @@ def test_a_broken_web_package_is_an_error_not_a_missing_ui(tmp_path, monkeypatch
 
 
 def test_collector_that_cannot_start_closes_its_database(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import tokentrace.collector.service as service
-
     def broken(*args: object, **kw: object) -> None:
         raise ValueError("broken pipeline")
 
-    monkeypatch.setattr(service, "Pipeline", broken)
+    monkeypatch.setattr("tokentrace.collector.collector.Pipeline", broken)
     with pytest.raises(ValueError, match="broken pipeline") as failed:
         Collector(CollectorSettings(db=tmp_path / "c.duckdb"))
     del failed  # its traceback holds the half-built collector

@@ -30,9 +30,10 @@ import pytest
 from otlp_traces import request_trace, to_protobuf
 from tt_testkit import free_port
 
+from tokentrace.collector.collector import Collector
 from tokentrace.collector.grpc_receiver import TRACE_SERVICE, start_grpc_server
-from tokentrace.collector.service import Collector, CollectorServer
 from tokentrace.collector.settings import CollectorSettings
+from tokentrace.serve import CollectorServer
 from tokentrace.store.connection import open_read_only
 from tokentrace.store.serve_note import read_note
 
@@ -248,7 +249,7 @@ def test_a_busy_second_address_of_localhost_stops_a_real_serve(tmp_path: Path, f
 LATE = r"""
 import socket, sys
 
-import tokentrace.collector.service as service
+import tokentrace.serve as serving
 from tokentrace.cli import main
 
 when, args = sys.argv[1], sys.argv[2:]
@@ -263,21 +264,21 @@ def take(host, port):
 
 
 if when == "grpc-bind":
-    real_start = service.start_grpc_server
+    real_start = serving.start_grpc_server
 
     def start_grpc_server(pipeline, host, port, *rest):
         take(host, port)
         return real_start(pipeline, host, port, *rest)
 
-    service.start_grpc_server = start_grpc_server
+    serving.start_grpc_server = start_grpc_server
 else:
-    checked = service.check_ports
+    checked = serving.check_ports
 
     def check_then_lose_the_port(settings):
         checked(settings)
         take(settings.host if when == "web_port" else settings.otlp_bind_host, getattr(settings, when))
 
-    service.check_ports = check_then_lose_the_port
+    serving.check_ports = check_then_lose_the_port
 sys.exit(main(["serve", *args]))
 """
 

@@ -347,7 +347,7 @@ def test_every_setting_is_in_the_settings_table_of_the_docs() -> None:
 
 
 def test_serve_hands_max_buffered_bytes_to_its_pipeline(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from tokentrace.collector.service import Collector
+    from tokentrace.collector.collector import Collector
 
     collector = Collector(resolve({"db": tmp_path / "b.duckdb", "max_buffered_bytes": 3 * MiB}))
     try:

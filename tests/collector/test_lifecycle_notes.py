@@ -31,14 +31,14 @@ LAUNCH = r"""
 import json, os, socket, sys
 from pathlib import Path
 
-import tokentrace.collector.service as service
+import tokentrace.serve as serving
 from tokentrace.cli import main
 
 note, late, args = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
 if note.exists():
     note.write_text(json.dumps({**json.loads(note.read_text()), "pid": os.getpid()}))
 if late:
-    checked = service.check_ports
+    checked = serving.check_ports
     taken = []
 
     def check_then_lose_the_port(settings):
@@ -48,7 +48,7 @@ if late:
         sock.listen()
         taken.append(sock)
 
-    service.check_ports = check_then_lose_the_port
+    serving.check_ports = check_then_lose_the_port
 sys.exit(main(["serve", *args]))
 """
 

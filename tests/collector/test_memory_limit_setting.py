@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tokentrace.collector.service import Collector
+from tokentrace.collector.collector import Collector
 from tokentrace.collector.settings import resolve
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from tt_testkit import free_port
 
-from tokentrace.collector import service
-from tokentrace.collector.service import CollectorServer
+import tokentrace.serve as serving
 from tokentrace.collector.settings import CollectorSettings
+from tokentrace.serve import CollectorServer
 from tokentrace.store.connection import open_db
 
 FLAGS = ("--http-port", "--grpc-port", "--web-port")
@@ -80,7 +80,7 @@ def _settings(db: Path) -> CollectorSettings:
 def test_a_start_that_fails_after_opening_removes_the_file_it_created(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service, "start_grpc_server", _failing_grpc)
+    monkeypatch.setattr(serving, "start_grpc_server", _failing_grpc)
     db = tmp_path / "new.duckdb"
     server = CollectorServer(_settings(db))
     assert db.exists()  # opened: the store is created before the servers start
@@ -92,7 +92,7 @@ def test_a_start_that_fails_after_opening_removes_the_file_it_created(
 def test_a_start_that_fails_after_opening_keeps_a_file_that_was_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service, "start_grpc_server", _failing_grpc)
+    monkeypatch.setattr(serving, "start_grpc_server", _failing_grpc)
     db = tmp_path / "old.duckdb"
     conn = open_db(db)
     conn.execute("INSERT INTO gpu_samples (service, instance, gpu_index, ts_ns) VALUES ('before', 'i', 0, 1)")

@@ -20,11 +20,11 @@ import pytest
 from otlp_traces import request_trace, to_protobuf
 from tt_testkit import free_port
 
+import tokentrace.serve as serving
 from tokentrace.cli import build_parser
-from tokentrace.collector import service
 from tokentrace.collector.grpc_receiver import TRACE_SERVICE
-from tokentrace.collector.service import CollectorServer
 from tokentrace.collector.settings import CollectorSettings, resolve
+from tokentrace.serve import CollectorServer
 
 OTLP_HOST = "127.0.0.2"
 
@@ -80,13 +80,13 @@ def test_otlp_receivers_bind_the_otlp_host_and_the_web_ui_the_host(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     checked_on: list[str] = []
-    real_app = service.create_http_app
+    real_app = serving.create_http_app
 
     def recording_app(*args: Any) -> Any:
         checked_on.append(args[4])  # bind_host: what the Host check is decided on
         return real_app(*args)
 
-    monkeypatch.setattr(service, "create_http_app", recording_app)
+    monkeypatch.setattr(serving, "create_http_app", recording_app)
     http_port, grpc_port, web_port = free_port(), free_port(), free_port()
     settings = CollectorSettings(
         db=tmp_path / "t.duckdb", host="127.0.0.1", otlp_host=OTLP_HOST, http_port=http_port,

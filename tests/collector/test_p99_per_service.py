@@ -135,7 +135,7 @@ def test_a_huge_name_is_not_held_whole_by_the_tracker(clock, part: str) -> None:
 
 
 def test_serve_exports_how_many_requests_shared_the_p99(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from tokentrace.collector.service import Collector
+    from tokentrace.collector.collector import Collector
     from tokentrace.collector.settings import CollectorSettings
 
     collector = Collector(CollectorSettings(db=tmp_path / "m.duckdb", decode_processes=0))

@@ -19,8 +19,8 @@ from otlp_traces import T0, new_id, request_trace, to_protobuf
 from tokentrace.analyzer.engine_steps import EngineStep
 from tokentrace.analyzer.spans import Span
 from tokentrace.cli import build_parser
+from tokentrace.collector.collector import Collector
 from tokentrace.collector.retention import TABLES, Retention, check_schema, parse_duration
-from tokentrace.collector.service import Collector
 from tokentrace.collector.settings import CollectorSettings, resolve
 from tokentrace.collector.writer import KeptTrace, WriteBatch
 from tokentrace.instrumentation import semconv as sc

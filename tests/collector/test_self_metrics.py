@@ -16,8 +16,8 @@ from prometheus_client.samples import Sample
 
 from tokentrace import __version__
 from tokentrace.collector import self_metrics
-from tokentrace.collector.service import CollectorServer
 from tokentrace.collector.settings import CollectorSettings
+from tokentrace.serve import CollectorServer
 
 PB = {"Content-Type": "application/x-protobuf"}
 #: the cap on `model` label values (getattr: the test must run against code without one)

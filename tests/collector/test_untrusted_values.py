@@ -226,7 +226,7 @@ def test_an_engine_step_count_beyond_integer_at_a_live_collector(live: Any) -> N
 
 
 def test_files_are_read_from_disk_the_same_way(tmp_path: Path) -> None:
-    from tokentrace.collector.service import read_otlp_file
+    from tokentrace.collector.otlp_file import read_otlp_file
 
     path = tmp_path / "export.json"
     path.write_text(json.dumps(to_json(request_trace(model="MODEL"))).replace("MODEL", "\\ud800"))

@@ -17,8 +17,8 @@ from typing import Any
 
 from tracegen import BASE_NS, _kv, _span
 
-from tokentrace.collector.service import import_files
 from tokentrace.collector.settings import CollectorSettings
+from tokentrace.file_import import import_files
 from tokentrace.instrumentation import semconv as sc
 
 #: What a hostile sender puts in every string: markup that breaks out of text, attributes,

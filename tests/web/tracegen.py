@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tokentrace.collector.collector import Collector
 from tokentrace.collector.otlp_metrics import decode_metrics_json
-from tokentrace.collector.service import Collector, import_files
 from tokentrace.collector.settings import CollectorSettings
 from tokentrace.collector.writer import WriteBatch
+from tokentrace.file_import import import_files
 from tokentrace.instrumentation import semconv as sc
 
 BASE_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z

@@ -1,0 +1,102 @@
+"""The collector: the store's one write connection, the writer, the sampler and the pipeline.
+
+Wired from `CollectorSettings`; `tokentrace serve` (tokentrace.serve) puts the
+OTLP receivers in front of it, `tokentrace import` (tokentrace.file_import)
+feeds it files.
+"""
+
+from __future__ import annotations
+
+from tokentrace.collector.decode_pool import steps_dropped_total
+from tokentrace.collector.pipeline import Pipeline
+from tokentrace.collector.retention import Retention
+from tokentrace.collector.sampling import P99Tracker, Sampler, SloLimits, parse_rules
+from tokentrace.collector.self_metrics import CollectorMetrics
+from tokentrace.collector.settings import CollectorSettings
+from tokentrace.collector.writer import Writer
+from tokentrace.store.connection import open_db
+
+
+class Collector:
+    """Owns the one write connection and the pipeline in front of it."""
+
+    def __init__(self, settings: CollectorSettings) -> None:
+        self.settings = settings
+        self.metrics = CollectorMetrics(db=settings.db)
+        self.conn = open_db(
+            settings.db,
+            memory_limit=settings.duckdb_memory_limit,
+            checkpoint_threshold=settings.duckdb_checkpoint_threshold,
+        )
+        try:
+            self._wire(settings)
+        except BaseException:
+            # stop the writer thread and close the file: else the file stays
+            # locked, and DuckDB's binding reports leaked objects at exit
+            if hasattr(self, "writer"):
+                self.writer.close()
+            self.conn.close()
+            raise
+        self._closed = False
+
+    def _wire(self, settings: CollectorSettings) -> None:
+        self.writer = Writer(
+            self.conn,
+            max_pending=settings.max_pending_writes,
+            on_write=self.metrics.write_latency.observe,
+        )
+        self.sampler = Sampler(
+            baseline=settings.baseline,
+            slo=SloLimits(settings.slo_ttft_ms, settings.slo_e2e_ms, settings.slo_itl_ms),
+            rules=parse_rules(settings.keep_rules),
+            p99=P99Tracker(min_samples=settings.p99_min_samples, warmup=settings.p99_warmup),
+        )
+        self.pipeline = Pipeline(
+            self.writer,
+            self.sampler,
+            max_buffered_spans=settings.max_buffered_spans,
+            max_buffered_bytes=settings.max_buffered_bytes,
+            grace_s=settings.grace_s,
+            server_wait_s=settings.server_wait_s,
+            client_wait_s=settings.client_wait_s,
+            decision_wait_s=settings.decision_wait_s,
+            metrics=self.metrics,
+        )
+        self.metrics.on_scrape(self._refresh_gauges)
+        # --retention: deletes old rows on its own cursor (collector/retention.py says why that is safe)
+        self.retention = Retention(self.conn, settings.retention_s) if settings.retention_s else None
+        if self.retention is not None:
+            self.metrics.watch_retention(self.retention)
+
+    def _refresh_gauges(self) -> None:
+        m = self.metrics
+        m.buffered_spans.set(self.pipeline.buffered_spans)
+        m.buffered_bytes.set(self.pipeline.buffered_bytes)
+        m.buffered_traces.set(self.pipeline.buffered_traces)
+        m.writer_queue.set(self.writer.pending)
+        m.writer_capacity.set(self.writer.capacity)
+        m.write_errors.set(self.writer.write_errors)
+        m.requests_written.set(self.writer.requests_written)
+        m.spans_written.set(self.writer.spans_written)
+        m.requests_already_stored.set(self.writer.requests_already_stored)
+        m.spans_already_stored.set(self.writer.spans_already_stored)
+        m.rows_lost.set(self.pipeline.stats.rows_lost)
+        m.engine_steps_dropped.set(steps_dropped_total())
+        if self.sampler.p99 is not None:
+            m.p99_shared_requests.set(self.sampler.p99.shared_requests)
+
+    def start(self) -> None:
+        self.pipeline.start()
+        if self.retention is not None:
+            self.retention.start()
+
+    def close(self) -> None:
+        """Decides and writes everything buffered, then closes the database; runs once."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.retention is not None:
+            self.retention.close()  # before the writer's final CHECKPOINT
+        self.pipeline.close()
+        self.writer.close()
+        self.conn.close()
