@@ -53,7 +53,8 @@ from tokentrace._loopback import host_port
 from tokentrace.collector.otlp import OtlpDecodeError, parse_trace_request, spans_from_request
 from tokentrace.collector.otlp_logs import logs_from_request, logs_reply, parse_logs_request
 from tokentrace.collector.otlp_metrics import gpu_rows_from_request, parse_metrics_request
-from tokentrace.collector.pipeline import REFUSED_WRITER_BEHIND, Pipeline
+from tokentrace.collector.pipeline import Pipeline
+from tokentrace.collector.refusals import REFUSED_WRITER_BEHIND
 from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.writer import WriteBatch
 

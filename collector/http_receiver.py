@@ -51,7 +51,8 @@ from tokentrace.collector.otlp_logs import (
 )
 from tokentrace.collector.otlp_metrics import decode_metrics_json_body, decode_metrics_protobuf
 from tokentrace.collector.packed import PackedTrace, span_count
-from tokentrace.collector.pipeline import REFUSED_WRITER_BEHIND, Pipeline
+from tokentrace.collector.pipeline import Pipeline
+from tokentrace.collector.refusals import REFUSED_WRITER_BEHIND
 from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.writer import WriteBatch
 

@@ -1,12 +1,15 @@
-"""Backpressure in the log: one line when the receivers start refusing exports,
-one when they take them again.
+"""Refusals: why an export is turned away, what its sender and /readyz are told, and
+backpressure in the log (one line when the receivers start refusing exports, one when
+they take them again).
 
-Under backpressure every export is answered 503 / UNAVAILABLE and its sender
-retries, so a line per refusal would flood the log at the rate of the flood.
-An SRE needs to know that it began, which bound was reached (the tail buffer,
-`max_buffered_spans`, or the writer queue, `max_pending_writes`), when it ended
-and how much was turned away meanwhile; /metrics
-(`tokentrace_exports_refused_total`) has the running count.
+`Pipeline.offer()` refuses an export, whole, when the tail buffer or the writer queue
+is full; the receivers answer 503 (gRPC UNAVAILABLE) with Retry-After.  Under
+backpressure every export is refused and its sender retries, so a line per refusal
+would flood the log at the rate of the flood.  An SRE needs to know that it began,
+which bound was reached (the tail buffer, `max_buffered_spans` or
+`max_buffered_bytes`, or the writer queue, `max_pending_writes`), when it ended and
+how much was turned away meanwhile; /metrics (`tokentrace_exports_refused_total`)
+has the running count.
 """
 
 from __future__ import annotations
@@ -16,8 +19,65 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokentrace.collector.trace_buffer import TraceBuffer
+    from tokentrace.collector.writer import Writer
 
 logger = logging.getLogger("tokentrace.collector")
+
+#: Why `Pipeline.offer()` refused an export (also the `reason` label of rejected spans).
+REFUSED_BUFFER_FULL = "buffer_full"
+REFUSED_WRITER_BEHIND = "writer_behind"
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / (1024 * 1024):.0f}"
+
+
+def refusal_message(why: str, store_error: str | None) -> str:
+    """Gives the message of a 503/UNAVAILABLE for the refusal reason `why`; `store_error`:
+    why the store takes no writes, if it does not."""
+    text = why.replace("_", " ")
+    if why == REFUSED_WRITER_BEHIND and store_error is not None:
+        text += f": the store takes no writes ({store_error})"
+    return text + "; retry later"
+
+
+def unready_reason(writer: Writer, buffer: TraceBuffer) -> str | None:
+    """Gives why receivers would refuse an export now (`/readyz`), None when ready."""
+    error = writer.store_error
+    if error is not None:
+        return (
+            f"store not writable for {writer.failing_for_seconds:.0f} s ({error}); "
+            f"{writer.pending} batches waiting"
+        )
+    if writer.pending >= writer.capacity:
+        return f"writer queue full ({writer.pending} of {writer.capacity} batches)"
+    if buffer.spans >= buffer.max_spans:
+        return f"tail buffer full ({buffer.spans} of {buffer.max_spans} spans)"
+    if buffer.bytes >= buffer.max_bytes:
+        return f"tail buffer full ({_mib(buffer.bytes)} of {_mib(buffer.max_bytes)} MiB)"
+    return None
+
+
+def bound_reached(why: str, writer: Writer, buffer: TraceBuffer) -> str:
+    """Gives the bound behind the refusal reason `why`, with its figures (for the log)."""
+    if why == REFUSED_BUFFER_FULL:
+        if buffer.full_of_bytes:
+            return (
+                f"the tail buffer is full ({_mib(buffer.bytes)} MiB buffered in {buffer.spans} "
+                f"spans, max_buffered_bytes {_mib(buffer.max_bytes)} MiB)"
+            )
+        return f"the tail buffer is full ({buffer.spans} spans buffered, max_buffered_spans {buffer.max_spans})"
+    error = writer.store_error
+    if error is not None:
+        return (
+            f"the store takes no writes ({error}); {writer.pending} batches wait "
+            f"(max_pending_writes {writer.capacity})"
+        )
+    return f"the writer queue is full ({writer.pending} batches, max_pending_writes {writer.capacity})"
 
 
 class RefusalEpisodes:

@@ -45,6 +45,7 @@ from prometheus_client.utils import floatToGoString
 
 from tokentrace import __version__
 from tokentrace.analyzer.summary import RequestSummary
+from tokentrace.collector.pipeline_stats import PipelineStats
 
 logger = logging.getLogger("tokentrace.collector")
 
@@ -142,30 +143,9 @@ class CollectorMetrics:
             ["protocol", "status"],
             registry=r,
         )
-        self.traces_decided = Counter(
-            "tokentrace_traces", "traces decided, by outcome and reason", ["kept", "reason"], registry=r
-        )
-        self.traces_evicted = Counter(
-            "tokentrace_traces_evicted_early",
-            "traces decided before their root ended because the buffer was nearly full",
-            registry=r,
-        )
-        self.late_spans = Counter(
-            "tokentrace_late_spans", "spans arriving after their trace was decided", ["kept"], registry=r
-        )
-        self.duplicate_spans = Counter(
-            "tokentrace_duplicate_spans",
-            "spans dropped because their trace already held that span id (an exporter's retry), "
-            "while buffered or after the trace was kept",
-            ["when"],
-            registry=r,
-        )
-        self.requests_summarized = Counter(
-            "tokentrace_requests_summarized",
-            "request summaries made at decision time, kept or not (counted before the write: "
-            "includes summaries whose rows the writer later dropped)",
-            registry=r,
-        )
+        # the pipeline keeps these counts (`PipelineStats`, one tally); read at each scrape
+        self.pipeline_counts = PipelineCounts()
+        r.register(self.pipeline_counts)
         self.gpu_samples = Counter(
             "tokentrace_gpu_samples", "GPU sample rows received over OTLP metrics", registry=r
         )
@@ -322,6 +302,11 @@ class CollectorMetrics:
         """Registers a callback that refreshes gauges just before each scrape."""
         self._sources.append(refresh)
 
+    def watch_pipeline(self, stats: PipelineStats) -> None:
+        """Reports the pipeline's counts at each scrape: `tokentrace_traces_total`,
+        `tokentrace_late_spans_total` and the others `PipelineCounts` names."""
+        self.pipeline_counts.stats = stats
+
     def watch_decoder(self, pool: _RestartCounting) -> None:
         """Reports the decode pool's `worker_restarts` at each scrape."""
         self.on_scrape(lambda: self.decode_worker_restarts.set(pool.worker_restarts))
@@ -441,6 +426,70 @@ class RetentionPasses:
         yield deleted
         yield failed
         yield last_run
+
+
+class PipelineCounts:
+    """The pipeline's counters, read from its `PipelineStats` at each scrape: traces
+    decided by outcome and reason, evicted early, late and duplicate spans, requests
+    summarized.  A labelled series appears once its count is above 0, as a
+    `Counter`'s child does once incremented."""
+
+    def __init__(self) -> None:
+        self.stats = PipelineStats()
+
+    def describe(self) -> list[Metric]:
+        return list(self._families())
+
+    @staticmethod
+    def _families() -> tuple[
+        CounterMetricFamily, CounterMetricFamily, CounterMetricFamily, CounterMetricFamily,
+        CounterMetricFamily,
+    ]:  # fmt: skip
+        return (
+            CounterMetricFamily(
+                "tokentrace_traces", "traces decided, by outcome and reason", labels=["kept", "reason"]
+            ),
+            CounterMetricFamily(
+                "tokentrace_traces_evicted_early",
+                "traces decided before their root ended because the buffer was nearly full",
+            ),
+            CounterMetricFamily(
+                "tokentrace_late_spans", "spans arriving after their trace was decided", labels=["kept"]
+            ),
+            CounterMetricFamily(
+                "tokentrace_duplicate_spans",
+                "spans dropped because their trace already held that span id (an exporter's retry), "
+                "while buffered or after the trace was kept",
+                labels=["when"],
+            ),
+            CounterMetricFamily(
+                "tokentrace_requests_summarized",
+                "request summaries made at decision time, kept or not (counted before the write: "
+                "includes summaries whose rows the writer later dropped)",
+            ),
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.stats
+        traces, evicted, late, duplicates, summarized = self._families()
+        for (keep, reason), n in list(stats.decided.items()):
+            traces.add_metric([str(keep).lower(), reason], n)
+        evicted.add_metric([], stats.traces_evicted_early)
+        for kept, n in (("true", stats.late_spans_kept), ("false", stats.late_spans_dropped)):
+            if n:
+                late.add_metric([kept], n)
+        for when, n in (
+            ("buffered", stats.duplicate_spans_dropped),
+            ("late", stats.late_duplicates_dropped),
+        ):
+            if n:
+                duplicates.add_metric([when], n)
+        summarized.add_metric([], stats.requests_summarized)
+        yield traces
+        yield evicted
+        yield late
+        yield duplicates
+        yield summarized
 
 
 class RunningTotal:

@@ -34,8 +34,19 @@ def _blaming(name: str) -> Iterator[None]:
         raise SettingError((name,), str(exc)) from exc
 
 
+# The defaults of the settings the pipeline takes, here once: `CollectorSettings` and
+# `Pipeline`'s keywords both read them.
+DEFAULT_GRACE_S = 2.0
+DEFAULT_SERVER_WAIT_S = 7.0
+DEFAULT_CLIENT_WAIT_S = 7.0
+DEFAULT_DECISION_WAIT_S = 30.0
+DEFAULT_MAX_BUFFERED_SPANS = 200_000
 #: Default bound of what the tail buffer's traces weigh (see HELP["max_buffered_bytes"]).
 DEFAULT_MAX_BUFFERED_BYTES = 512 * 1024 * 1024
+#: The pipeline's own defaults, not settings of `serve`: the decisions its cache holds
+#: (`collector/decision_cache.py`), and how often its decider looks for ready traces.
+DEFAULT_DECISION_CACHE_SIZE = 100_000
+DEFAULT_DECISION_TICK_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +60,12 @@ class CollectorSettings:
     http_port: int = 4318
     grpc_port: int = 4317
     web_port: int = 8600
-    grace_s: float = 2.0
-    server_wait_s: float = 7.0
-    client_wait_s: float = 7.0
-    decision_wait_s: float = 30.0
+    grace_s: float = DEFAULT_GRACE_S
+    server_wait_s: float = DEFAULT_SERVER_WAIT_S
+    client_wait_s: float = DEFAULT_CLIENT_WAIT_S
+    decision_wait_s: float = DEFAULT_DECISION_WAIT_S
     baseline: float = 0.02
-    max_buffered_spans: int = 200_000
+    max_buffered_spans: int = DEFAULT_MAX_BUFFERED_SPANS
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
     #: OTLP recommends accepting 20 MiB, also after decompression
     max_body_bytes: int = 20 * 1024 * 1024

@@ -1,10 +1,10 @@
 """What the store already holds of re-sent traces: the writer's idempotence check.
 
-The tail buffer counts a span once (`pipeline._unique_spans`) and the decision cache
-sends the spans of a trace decided in the last 100 000 to its decision (`Pipeline`):
+The tail buffer counts a span once (`PendingTrace.drop_repeats`) and the decision cache
+sends the spans of a trace decided in the last 100 000 to its decision (`DecisionCache`):
 a re-sent export within that reach is never summarized twice.  Beyond it (the cache
 forgot the trace, another `serve` process wrote it, `tokentrace import` of the same
-file twice) the trace is decided anew, and `Pipeline` marks it for a recheck
+file twice) the trace is decided anew, and its decision round marks it for a recheck
 (`WriteBatch.recheck`).  The writer then reads, in its write transaction, what the
 store holds of those traces and leaves it out: the first copy written wins.
 

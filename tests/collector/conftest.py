@@ -56,6 +56,9 @@ def make_rig(tmp_path: Path, clock: FakeClock) -> Iterator[Any]:
         writer = Writer(conn, max_pending=max_pending)
         kw.setdefault("grace_s", 1.0)
         kw.setdefault("decision_wait_s", 30.0)
+        # by default a trace waits for neither side of its request: only grace
+        kw.setdefault("server_wait_s", 0.0)
+        kw.setdefault("client_wait_s", 0.0)
         # by default only errors, SLOs, p99 outliers and rules keep a trace: no
         # baseline, and no warm-up (which keeps a model/route's first requests)
         sampler = sampler or Sampler(baseline=0.0, p99=P99Tracker(warmup=0))

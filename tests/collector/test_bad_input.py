@@ -308,14 +308,14 @@ def test_a_trace_the_analyzer_fails_on_is_kept_whole_and_costs_no_other(
 ) -> None:  # type: ignore[no-untyped-def]
     # whatever bug the analyzer still has, one trace it fails on must not take the
     # round's other traces with it, and its spans are kept to look at
-    import tokentrace.collector.pipeline as pipeline
+    import tokentrace.collector.deciding as deciding
 
     def summarize(spans):  # type: ignore[no-untyped-def]
         if any(s.resource.get("service.name") == "poison" for s in spans):
             raise RuntimeError("an analyzer bug")
         return summarize_trace(spans)
 
-    monkeypatch.setattr(pipeline, "summarize_trace", summarize)
+    monkeypatch.setattr(deciding, "summarize_trace", summarize)
     poison = request_trace(service="poison")
     export = to_protobuf(request_trace(service="good"))
     for spans in (poison, request_trace(service="fine")):

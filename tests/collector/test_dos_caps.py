@@ -26,10 +26,10 @@ from otlp_traces import T0, new_id, request_trace
 
 from tokentrace.analyzer import engine_steps as es
 from tokentrace.analyzer.spans import KIND_INTERNAL, KIND_SERVER, Span
-from tokentrace.collector import pipeline as pipeline_module
 from tokentrace.collector.packed import PackedTrace
-from tokentrace.collector.pipeline import REFUSED_BUFFER_FULL
+from tokentrace.collector.refusals import REFUSED_BUFFER_FULL
 from tokentrace.collector.settings import ENV, CollectorSettings, resolve
+from tokentrace.collector.trace_buffer import PendingTrace
 from tokentrace.collector.writer import WriteBatch, Writer
 from tokentrace.instrumentation import semconv as sc
 
@@ -177,7 +177,7 @@ def test_finding_the_root_of_a_chain_of_server_spans_scans_its_spans_once_a_roun
         for i in range(n)
     ]
     scanned = 0
-    real = pipeline_module._Pending.all_spans
+    real = PendingTrace.all_spans
 
     def all_spans(self: Any) -> list[Span]:
         nonlocal scanned
@@ -185,7 +185,7 @@ def test_finding_the_root_of_a_chain_of_server_spans_scans_its_spans_once_a_roun
         scanned += len(spans)
         return spans
 
-    monkeypatch.setattr(pipeline_module._Pending, "all_spans", all_spans)
+    monkeypatch.setattr(PendingTrace, "all_spans", all_spans)
     rig = make_rig()
     assert rig.pipeline.offer(chain[::-1]) is None
     rig.clock.advance(5)
@@ -351,6 +351,6 @@ def test_serve_hands_max_buffered_bytes_to_its_pipeline(tmp_path) -> None:  # ty
 
     collector = Collector(resolve({"db": tmp_path / "b.duckdb", "max_buffered_bytes": 3 * MiB}))
     try:
-        assert collector.pipeline._max_bytes == 3 * MiB
+        assert collector.pipeline._buffer.max_bytes == 3 * MiB
     finally:
         collector.close()

@@ -142,7 +142,7 @@ def test_kept_span_ids_are_held_only_with_cached_decisions(make_rig) -> None:  #
         rig.clock.advance(1.5)
         rig.pipeline.decide_ready()
     # the memory bound: span ids are remembered for kept traces still in the cache only
-    assert len(rig.pipeline._kept_span_ids) == 3
+    assert len(rig.pipeline._cache.kept_span_ids) == 3
     newest = traces[-1]
     assert rig.pipeline.add(newest)  # a retry of a cached, kept trace
     rig.pipeline.decide_ready()

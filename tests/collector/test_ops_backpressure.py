@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from otlp_traces import request_trace, to_protobuf
 
 from tokentrace.collector.grpc_receiver import METRICS_SERVICE, RETRY_AFTER_S, TRACE_SERVICE
-from tokentrace.collector.pipeline import REFUSED_BUFFER_FULL, REFUSED_WRITER_BEHIND
+from tokentrace.collector.refusals import REFUSED_BUFFER_FULL, REFUSED_WRITER_BEHIND
 from tokentrace.collector.writer import Writer
 from tokentrace.instrumentation import semconv as sc
 

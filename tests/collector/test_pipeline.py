@@ -5,7 +5,7 @@ from __future__ import annotations
 from otlp_traces import new_id, request_trace
 
 from tokentrace.collector import sampling as sp
-from tokentrace.collector.pipeline import REFUSED_BUFFER_FULL, REFUSED_WRITER_BEHIND
+from tokentrace.collector.refusals import REFUSED_BUFFER_FULL, REFUSED_WRITER_BEHIND
 from tokentrace.collector.sampling import P99Tracker, Sampler, SloLimits, parse_rules
 from tokentrace.instrumentation import semconv as sc
 from tokentrace.store import reasons
