@@ -24,7 +24,6 @@ from tokentrace.instrumentation._asgi import (
     uninstrument_fastapi,
 )
 from tokentrace.instrumentation._client import ClientRequest, client_request
-from tokentrace.instrumentation._config import Settings, Tracing, configure, get_tracing, shutdown
 from tokentrace.instrumentation._decorators import phase, traced_request
 from tokentrace.instrumentation._forward import instrument_model, uninstrument_model
 from tokentrace.instrumentation._gpu import GpuReading, GpuSampler, start_gpu_sampler
@@ -37,8 +36,11 @@ from tokentrace.instrumentation._request import (
     record_tokens,
     request,
 )
+from tokentrace.instrumentation._runtime import configure, get_tracing, shutdown
+from tokentrace.instrumentation._settings import Settings
 from tokentrace.instrumentation._steps import EngineStep, engine_step, record_step
 from tokentrace.instrumentation._tokenizer import wrap_tokenizer
+from tokentrace.instrumentation._tracing import Tracing
 from tokentrace.instrumentation._transformers import (
     instrument_transformers_generate,
     uninstrument_transformers_generate,

@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMappi
 from typing import Any
 
 from tokentrace.instrumentation import semconv
-from tokentrace.instrumentation._config import flush_before_exit
 from tokentrace.instrumentation._errors import HttpStatusError
 from tokentrace.instrumentation._request import RequestTrace, request
+from tokentrace.instrumentation._runtime import runtime
 from tokentrace.instrumentation._safety import log_once
 
 Scope = MutableMapping[str, Any]
@@ -276,7 +276,7 @@ class TokentraceMiddleware:
         async def send_wrapper(message: Message) -> None:
             if message.get("type") in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
                 try:
-                    flush_before_exit()
+                    runtime.flush_before_exit()
                 except Exception as exc:  # the SDK's own failure must never reach the host
                     log_once("flush at the app's lifespan shutdown", exc)
             await send(message)

@@ -8,14 +8,13 @@ what a batch becomes in `flush`.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
 from collections import deque
 from typing import Generic, TypeVar
 
-from tokentrace.instrumentation._config import register_exit_flush
+from tokentrace.instrumentation._runtime import runtime
 from tokentrace.instrumentation._safety import log_once
 
 _T = TypeVar("_T")
@@ -118,7 +117,7 @@ class QueueFlusher(Generic[_T]):
             t.start()
         # once a queue and process (a forked child starts its own thread): the thread
         # is a daemon, so exit builds and exports what waits, configured or not
-        register_exit_flush(_work_waits)
+        runtime.register_exit_flush(_work_waits)
 
     def _run(self) -> None:
         while True:
@@ -149,5 +148,4 @@ def _reset_all_after_fork() -> None:
         flusher._after_fork()
 
 
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_reset_all_after_fork)
+runtime.on_fork_in_child(_reset_all_after_fork)

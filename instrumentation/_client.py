@@ -22,9 +22,9 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tokentrace.instrumentation import semconv
-from tokentrace.instrumentation._config import get_tracing
 from tokentrace.instrumentation._errors import record_error
 from tokentrace.instrumentation._request import add_identity
+from tokentrace.instrumentation._runtime import runtime
 from tokentrace.instrumentation._safety import count_or_zero, log_once
 
 _propagator = TraceContextTextMapPropagator()
@@ -249,7 +249,7 @@ class ClientRequest:
         self._sse: SseEvents | None = None
         self._start_mono_ns = time.monotonic_ns()
         self._start_wall_ns = time.time_ns()
-        self._span = get_tracing().tracer.start_span(
+        self._span = runtime.get_tracing().tracer.start_span(
             name,
             context=context,  # None: the current span is the parent
             kind=SpanKind.CLIENT,
@@ -353,7 +353,7 @@ class ClientRequest:
     def record_error(self, exc: BaseException) -> None:
         """Marks the call failed; the exception's message only with `record_content`."""
         if self._span.is_recording():
-            record_error(self._span, exc, get_tracing().settings.record_content)
+            record_error(self._span, exc, runtime.get_tracing().settings.record_content)
 
     @property
     def chunk_count(self) -> int:

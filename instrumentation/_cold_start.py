@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
+
+from tokentrace.instrumentation._runtime import State, runtime
 
 
 class ColdStartTracker:
@@ -55,11 +56,14 @@ class ColdStartTracker:
 tracker = ColdStartTracker()
 
 
-def _new_lock_after_fork() -> None:
-    # whether the child's first requests are cold starts is `_config`'s to say
-    # (`tracker.after_fork()`); the lock is remade whatever the configuration
-    tracker._lock = threading.Lock()
+def _after_fork_in_child() -> None:
+    if runtime.state is State.FORKED:
+        # a new instance, configured again on first use: its first requests are cold starts
+        tracker.after_fork()
+    else:
+        # the parent's configuration goes on (the host's own provider), and so does its
+        # history; the lock is made again whatever the configuration
+        tracker._lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_new_lock_after_fork)
+runtime.on_fork_in_child(_after_fork_in_child)

@@ -20,9 +20,6 @@ with a collector that accepts and never answers.  Here:
   the caller never waits on the collector longer than that.  `SingleFlight` does
   the same for flushes, one at a time: a flush stuck on a slow collector is
   joined by the next callers, never doubled by a thread each.
-* `shutdown_in_background` ends a replaced configuration off the caller's
-  thread; `wait_for_background` (at `tt.shutdown()` and exit) gives those the
-  time left, so that their last spans still leave while the collector answers.
 """
 
 from __future__ import annotations
@@ -483,44 +480,3 @@ def run_bounded(fn: Callable[[], Any], timeout_s: float, name: str) -> tuple[boo
     thread.join(max(0.0, timeout_s))
     result = box[0]
     return (result is not _PENDING, None if result is _PENDING else result)
-
-
-_background: set[threading.Thread] = set()
-_background_lock = threading.Lock()
-
-
-def shutdown_in_background(fn: Callable[[], object], name: str) -> threading.Thread:
-    """Runs `fn` (a replaced configuration's shutdown) on a daemon thread; remembered
-    until it ends so that `wait_for_background` can give it the time left."""
-
-    def target() -> None:
-        try:
-            fn()
-        except Exception as exc:  # the SDK's own failure must never reach the host
-            log_once(name, exc)
-        finally:
-            with _background_lock:
-                _background.discard(thread)
-
-    thread = threading.Thread(target=target, name=f"tokentrace-{name}", daemon=True)
-    with _background_lock:
-        _background.add(thread)
-    thread.start()
-    return thread
-
-
-def wait_for_background(deadline: float) -> bool:
-    """Waits until `deadline` (monotonic seconds) at most for background shutdowns;
-    gives whether all ended."""
-    with _background_lock:
-        threads = list(_background)
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    return not any(t.is_alive() for t in threads)
-
-
-def after_fork_in_child() -> None:
-    """The parent's background threads do not exist in a forked child."""
-    global _background_lock
-    _background_lock = threading.Lock()
-    _background.clear()

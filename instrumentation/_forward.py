@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-import os
 import sys
 import threading
 import time
@@ -24,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from tokentrace.instrumentation._config import add_flush_hook
+from tokentrace.instrumentation._runtime import runtime
 from tokentrace.instrumentation._safety import log_once
 from tokentrace.instrumentation._tally import DeviceTally
 
@@ -134,9 +133,8 @@ class DeviceTimer:
 
 
 timer = DeviceTimer()
-add_flush_hook(timer.flush)
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=timer.after_fork)
+runtime.add_flush_hook(timer.flush)
+runtime.on_fork_in_child(timer.after_fork)
 
 
 def poll_device_timings() -> int:

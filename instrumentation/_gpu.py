@@ -11,7 +11,6 @@ nothing is sent.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import urllib.request
@@ -21,15 +20,9 @@ from typing import Any, NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 from tokentrace.instrumentation import semconv
-from tokentrace.instrumentation._config import (
-    add_flush_hook,
-    exports_nothing,
-    get_tracing,
-    logger,
-    register_exit_flush,
-)
 from tokentrace.instrumentation._export import Breaker
-from tokentrace.instrumentation._safety import log_once
+from tokentrace.instrumentation._runtime import runtime
+from tokentrace.instrumentation._safety import log_once, logger
 
 DEFAULT_INTERVAL_S = 0.1
 DEFAULT_RING_SIZE = 6_000  # per GPU: 10 min at 10 Hz
@@ -299,10 +292,10 @@ class GpuSampler:
         if not batch:
             return 0
         try:
-            if exports_nothing():
+            if runtime.exports_nothing():
                 self.samples_dropped += len(batch)
                 return 0
-            tracing = get_tracing()
+            tracing = runtime.get_tracing()
             if tracing.settings.disabled or tracing.closed:
                 self.samples_dropped += len(batch)
                 return 0
@@ -404,8 +397,7 @@ def _after_fork_in_child() -> None:
         sampler._threads = []
 
 
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+runtime.on_fork_in_child(_after_fork_in_child)
 
 
 def start_gpu_sampler(
@@ -448,7 +440,7 @@ def start_gpu_sampler(
         _active = sampler.start()
         if export:
             # its exporter thread is a daemon: exit ships what waits, configured or not
-            register_exit_flush(_samples_wait)
+            runtime.register_exit_flush(_samples_wait)
     return sampler
 
 
@@ -470,4 +462,4 @@ def _flush_active() -> None:
         sampler.export_now()
 
 
-add_flush_hook(_flush_active)
+runtime.add_flush_hook(_flush_active)

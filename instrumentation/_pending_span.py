@@ -52,15 +52,13 @@ _SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
 _ops_lock = threading.Lock()
 
 
-def _new_lock_after_fork() -> None:
+def after_fork_in_child() -> None:
+    """Makes the pending spans' lock again in a forked child (run by the runtime's
+    at-fork handler)."""
     # another thread may have held it at the fork (a request's late attribute
     # or error): the child's first one would wait forever
     global _ops_lock
     _ops_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 #: OpenTelemetry's sampler variable: a host that names one (`parentbased_always_on`

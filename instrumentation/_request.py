@@ -34,11 +34,11 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from tokentrace.instrumentation import _cold_start as cold_start
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._background import QueueFlusher
-from tokentrace.instrumentation._config import add_flush_hook, get_tracing
 from tokentrace.instrumentation._errors import record_error
 from tokentrace.instrumentation._forward import poll_device_timings
 from tokentrace.instrumentation._gpu import gpu_summary
 from tokentrace.instrumentation._pending_span import PendingSpan
+from tokentrace.instrumentation._runtime import runtime
 from tokentrace.instrumentation._safety import count_or_zero, describe, log_once
 from tokentrace.instrumentation._tally import DeviceTally
 
@@ -103,8 +103,7 @@ def _new_prefix_after_fork() -> None:
     _phase_lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_new_prefix_after_fork)
+runtime.on_fork_in_child(_new_prefix_after_fork)
 
 
 def _new_request_id() -> str:
@@ -273,7 +272,7 @@ class RequestTrace(DeviceTally):
         # zeroed here (DeviceTally has no __init__): no extra call on the hot path
         self.fwd_count = self.fwd_launched = self.fwd_host_ns = 0
         self.fwd_resolved = self.fwd_device_ns = 0
-        tracing = get_tracing()
+        tracing = runtime.get_tracing()
         self._tracing = tracing
         settings = tracing.settings
         cold = cold_start.tracker.observe(settings.cold_start_requests, settings.cold_start_idle_s)
@@ -497,7 +496,7 @@ class RequestTrace(DeviceTally):
             if tracing.closed:
                 # configure() or shutdown() came while it ran: built by what is in force now
                 # (after shutdown(), a configuration that exports nothing and says so)
-                tracing = self._tracing = get_tracing()
+                tracing = self._tracing = runtime.get_tracing()
             if tracing.settings.disabled:
                 # nothing is exported: building the spans would cost the host ~100 µs of
                 # CPU a request for nothing (TOKENTRACE_DISABLED is how hosts turn us off)
@@ -736,7 +735,7 @@ class RequestFinisher(QueueFlusher[_Finishing]):
 
 
 finisher = RequestFinisher()
-add_flush_hook(lambda: finisher.flush())  # late-bound: tests swap the finisher
+runtime.add_flush_hook(lambda: finisher.flush())  # late-bound: tests swap the finisher
 
 
 #: `tt.request(name=..., *, request_id=, model=, tenant=, traffic_class=, headers=,

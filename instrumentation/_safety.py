@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any
 
@@ -12,14 +11,12 @@ _seen: set[str] = set()
 _seen_lock = threading.Lock()
 
 
-def _new_lock_after_fork() -> None:
+def after_fork_in_child() -> None:
+    """Makes the log's lock again in a forked child (run first by the runtime's at-fork
+    handler: every later step may log)."""
     # another thread may have held it at the fork: the child would wait forever
     global _seen_lock
     _seen_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 def log_once(site: str, exc: BaseException | None = None, detail: str = "") -> None:

@@ -19,8 +19,8 @@ from opentelemetry.trace import SpanKind
 
 from tokentrace.instrumentation import semconv
 from tokentrace.instrumentation._background import QueueFlusher
-from tokentrace.instrumentation._config import add_flush_hook, get_tracing
 from tokentrace.instrumentation._forward import poll_device_timings
+from tokentrace.instrumentation._runtime import runtime
 from tokentrace.instrumentation._safety import log_once
 from tokentrace.instrumentation._tally import DeviceTally
 
@@ -107,7 +107,7 @@ class StepRecorder(QueueFlusher["_StepRecord | EngineStep"]):
                     self._items.appendleft(item)  # keep order: later steps wait too
                     break
                 batch.append(rec)
-            if get_tracing().settings.disabled:
+            if runtime.get_tracing().settings.disabled:
                 return len(batch)  # nothing is exported: no spans built for nothing
             for i in range(0, len(batch), MAX_STEPS_PER_SPAN):
                 self._emit(batch[i : i + MAX_STEPS_PER_SPAN])
@@ -132,7 +132,7 @@ class StepRecorder(QueueFlusher["_StepRecord | EngineStep"]):
             batch = timed
             starts = [r[0] for r in batch]
             ends = [r[1] for r in batch]
-        tracer = get_tracing().tracer
+        tracer = runtime.get_tracing().tracer
         gpu_us: list[int] = []
         fwd_host_us: list[int] = []
         batch_size: list[int] = []
@@ -290,7 +290,7 @@ def _kv(value: float | None) -> float:
 
 
 recorder = StepRecorder()
-add_flush_hook(lambda: recorder.flush())  # late-bound: tests swap the recorder
+runtime.add_flush_hook(lambda: recorder.flush())  # late-bound: tests swap the recorder
 
 
 class EngineStep(DeviceTally):

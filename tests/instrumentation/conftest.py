@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tokentrace import instrumentation as tt
 from tokentrace.instrumentation import _cold_start
+from tokentrace.instrumentation._runtime import Runtime, runtime
 
 
 class MemorySdk:
@@ -50,6 +51,16 @@ def memory_sdk() -> Iterator[MemorySdk]:
     yield MemorySdk(exporter, tracing)
     tt.shutdown()
     _cold_start.tracker.reset()
+
+
+@pytest.fixture
+def unconfigured() -> Iterator[Runtime]:
+    """The SDK's runtime as a new process has it (nothing configured); shut down and
+    unconfigured again after the test."""
+    runtime.reset()
+    yield runtime
+    tt.shutdown()
+    runtime.reset()
 
 
 @pytest.fixture

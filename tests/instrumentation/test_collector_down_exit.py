@@ -28,7 +28,7 @@ from tt_testkit import free_port
 
 from tests.instrumentation.test_gpu_sampler import FakeNvml, MetricsReceiver
 from tokentrace import instrumentation as tt
-from tokentrace.instrumentation import _config, _gpu
+from tokentrace.instrumentation import _gpu
 from tokentrace.instrumentation import semconv as sc
 
 #: enough requests that the old SDK exported batch after batch into a dead collector
@@ -126,13 +126,8 @@ def receiver() -> Iterator[TraceReceiver]:
 
 
 @pytest.fixture(autouse=True)
-def _clean_state(monkeypatch) -> Iterator[None]:  # type: ignore[no-untyped-def]
+def _clean_state(unconfigured) -> None:  # type: ignore[no-untyped-def]
     """Each test starts with no configuration and leaves none behind."""
-    monkeypatch.setattr(_config, "_tracing", None)
-    monkeypatch.setattr(_config, "_shut_down", None)
-    monkeypatch.setattr(_config, "_disabled", None)
-    yield
-    tt.shutdown()
 
 
 def _refused_url() -> str:
@@ -261,17 +256,17 @@ def test_every_span_reaches_a_real_collector(serve) -> None:  # type: ignore[no-
 # ---- the first requests configure once ---------------------------------------------
 
 
-def test_concurrent_first_requests_configure_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_concurrent_first_requests_configure_once(monkeypatch, unconfigured) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("TOKENTRACE_ENDPOINT", _refused_url())
     made: list[float] = []
-    real = _config.configure
+    real = unconfigured.configure
 
     def slow_configure(*args, **kwargs):  # type: ignore[no-untyped-def]
         time.sleep(0.3)  # a configure() slow enough that every thread meets it
         made.append(time.monotonic())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(_config, "configure", slow_configure)
+    monkeypatch.setattr(unconfigured, "configure", slow_configure)
     shut_down_on: list[str] = []
     real_shutdown = tt.Tracing.shutdown
 

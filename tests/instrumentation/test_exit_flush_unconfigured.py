@@ -187,7 +187,7 @@ def test_an_engine_core_child_sends_its_steps(
 _ENDING = """
 import os, sys, time
 from tokentrace import instrumentation as tt
-from tokentrace.instrumentation import _config
+from tokentrace.instrumentation._runtime import runtime
 
 for i in range({steps}):
     with tt.engine_step(decode=["ended"]):
@@ -195,7 +195,7 @@ for i in range({steps}):
 if sys.argv[1] == "shutdown":
     tt.shutdown()
 else:
-    assert _config.flush_before_exit(5.0)
+    assert runtime.flush_before_exit(5.0)
 os._exit(0)  # no atexit: only what the call above sent arrives
 """
 

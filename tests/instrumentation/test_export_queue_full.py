@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from tokentrace import instrumentation as tt
-from tokentrace.instrumentation import _config, _export, _safety
+from tokentrace.instrumentation import _export, _safety, _tracing
 
 QUEUE = 64
 BATCH = 16
@@ -28,8 +28,8 @@ BATCH = 16
 
 @pytest.fixture
 def small_queue(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(_config, "SPAN_QUEUE_SIZE", QUEUE, raising=False)
-    monkeypatch.setattr(_config, "SPAN_BATCH_SIZE", BATCH, raising=False)
+    monkeypatch.setattr(_tracing, "SPAN_QUEUE_SIZE", QUEUE, raising=False)
+    monkeypatch.setattr(_tracing, "SPAN_BATCH_SIZE", BATCH, raising=False)
     # the held export must not time out while the test holds it (3 s by default)
     monkeypatch.setattr(_export, "EXPORT_TIMEOUT_S", 60.0)
     yield

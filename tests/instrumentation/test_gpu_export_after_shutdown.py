@@ -20,7 +20,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from test_gpu_sampler import FakeNvml, MetricsReceiver
 
 from tokentrace import instrumentation as tt
-from tokentrace.instrumentation import _config, _gpu, _safety
+from tokentrace.instrumentation import _gpu, _safety
+from tokentrace.instrumentation._runtime import State, runtime
 
 
 @pytest.fixture
@@ -52,7 +53,8 @@ def test_samples_after_shutdown_are_dropped_without_making_a_configuration(  # t
     assert sampler.export_now() == 0
     assert sampler.samples_dropped == 2
     assert sampler.export_failures == 0
-    assert _config._disabled is None  # nothing was made for them
+    assert runtime.state is State.SHUT_DOWN
+    assert runtime._after_shutdown is None  # nothing was made for them
     assert not [r for r in caplog.records if "GPU metrics export" in r.getMessage()]
     assert len(receiver.requests) == 1
 

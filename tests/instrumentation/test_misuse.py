@@ -440,14 +440,9 @@ def test_use_after_shutdown_exports_nothing_and_says_so(caplog) -> None:  # type
         tt.shutdown()
 
 
-def test_environment_mistakes_do_not_fail_the_first_request(monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_environment_mistakes_do_not_fail_the_first_request(monkeypatch, caplog, unconfigured) -> None:  # type: ignore[no-untyped-def]
     """Without configure(), the first request configures from the environment: it must not raise."""
-    from tokentrace.instrumentation import _config
-
     caplog.set_level(logging.WARNING)
-    monkeypatch.setattr(_config, "_tracing", None)
-    monkeypatch.setattr(_config, "_shut_down", None)
-    monkeypatch.setattr(_config, "_disabled", None)
     monkeypatch.delenv("TOKENTRACE_ENDPOINT", raising=False)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317")  # no scheme
     with tt.request() as req:

@@ -25,7 +25,8 @@ from tt_testkit import OtlpHttpSink, free_port
 
 from tests.instrumentation.test_gpu_sampler import FakeNvml
 from tokentrace import instrumentation as tt
-from tokentrace.instrumentation import _config, _gpu
+from tokentrace.instrumentation import _gpu
+from tokentrace.instrumentation._runtime import Runtime
 
 #: every variable the SDK's configuration reads: each test sets its own
 _ENV = (
@@ -77,17 +78,10 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture(autouse=True)
-def _clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _clean(monkeypatch: pytest.MonkeyPatch, unconfigured: Runtime) -> None:
     """No configuration and none of the variables at the start; none left behind."""
     for name in _ENV:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(_config, "_tracing", None)
-    monkeypatch.setattr(_config, "_shut_down", None)
-    monkeypatch.setattr(_config, "_disabled", None)
-    monkeypatch.setattr(_config, "_forked_from", None)
-    yield
-    tt.shutdown()
-    monkeypatch.setattr(_config, "_disabled", None)
 
 
 def _one_request() -> tt.Tracing:
