@@ -49,12 +49,16 @@ def bound_socket(port: int = 0) -> socket.socket:
     `port` 0, a port of the kernel's choice that `free_port` never gives (it is kept in the
     same registry).  A port picked with bind-and-close and bound again by the server later
     could be taken in between: by any other bind(0) (gRPC's port 0 in `start_live`, another
-    test run's `free_port`), and the server then failed to start."""
+    test run's `free_port`), and the server then failed to start.
+
+    Made with proto IPPROTO_TCP, as `getaddrinfo` gives it: asyncio sets TCP_NODELAY only on
+    connections accepted from such a socket.  Without it, a response written in two parts
+    (headers, then body) waited for the client's delayed ACK: 45 ms each keep-alive request."""
     with _given_lock:
         rejected: list[socket.socket] = []
         try:
             while True:
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
                 try:
                     if port:  # as uvicorn binds a port it is given
                         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
