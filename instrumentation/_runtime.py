@@ -313,7 +313,10 @@ class Runtime:
         `configure()`, and says `why` once."""
         tracing = _tracing.build_exporting_nothing(self._unusable_settings(), self.run_flush_hooks)
         with self._lock:
-            self._become(State.DISABLED, tracing)
+            if self.state is State.UNCONFIGURED:
+                self._become(State.DISABLED, tracing)
+            elif self._current is not None:  # configure() came meanwhile, on another thread
+                tracing = self._current
         log_once(why)
         return tracing
 
@@ -321,11 +324,14 @@ class Runtime:
         """Gives the configuration that exports nothing after `shutdown()` (made once,
         with the ended configuration's settings), and says so once."""
         with self._lock:
+            if self.state is not State.SHUT_DOWN and self._current is not None:
+                return self._current  # configure() came meanwhile, on another thread
             tracing = self._after_shutdown
             if tracing is None:
                 settings = self._ended or self._unusable_settings()
                 tracing = _tracing.build_exporting_nothing(settings, self.run_flush_hooks)
-                self._after_shutdown = tracing
+                if self.state is State.SHUT_DOWN:
+                    self._after_shutdown = tracing
         log_once(
             "used after tt.shutdown(): spans, engine steps and samples from here on are "
             "not exported (call tt.configure() to start again)"
@@ -334,6 +340,7 @@ class Runtime:
 
     @staticmethod
     def _unusable_settings() -> Settings:
+        """Gives the settings of a configuration made without usable ones: defaults, disabled."""
         return Settings(
             endpoint=DEFAULT_HTTP_ENDPOINT,
             service_name=service_name_from_env(),
