@@ -27,13 +27,17 @@ MODULES = (
     "_background",
     "_client",
     "_decorators",
+    "_exit",
     "_forward",
     "_gpu",
     "_httpx",
     "_openai",
     "_pending_span",
+    "_runtime",
+    "_settings",
     "_steps",
     "_tokenizer",
+    "_tracing",
     "_transformers",
 )
 
