@@ -65,7 +65,7 @@ def client_ttft_ms(client: Span, reader: ValueReader | None = None) -> float | N
 
 
 def _traffic_class(value: Any, rd: ValueReader) -> str:
-    """Gives the request's traffic class, `interactive` or `batch` (DESIGN §3), in any case
+    """Gives the request's traffic class, `interactive` or `batch` (docs/design.md §3), in any case
     and spacing; anything else is read as `interactive` and flagged (stored as sent, it
     matched neither class filter and showed as a class of its own)."""
     text = str(value).strip().lower() if value else ""

@@ -241,7 +241,7 @@ def test_sdk_token_times_without_a_prefill_phase_are_flagged() -> None:
      ("<img src=x onerror=alert(1)>", "interactive", True), (7, "interactive", True), ("", "interactive", False)],
 )
 def test_the_traffic_class_is_interactive_or_batch(sent: object, stored: str, flagged: bool) -> None:
-    # DESIGN §3: the class is interactive or batch. Stored as sent, another value showed
+    # docs/design.md §3: the class is interactive or batch. Stored as sent, another value showed
     # as a class of its own that neither class filter could reach.
     from tokentrace.instrumentation import semconv as sc
 

@@ -55,7 +55,7 @@ def test_a_continued_trace_keeps_its_id_state_and_parent(memory_sdk) -> None:  #
 
 
 def test_an_unsampled_caller_still_gets_its_request_recorded(memory_sdk, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """DESIGN §4: the collector summarizes every request; a gateway's head sampling
+    """docs/design.md §4: the collector summarizes every request; a gateway's head sampling
     must not take the request's numbers away.  The trace stays the caller's."""
     monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
     with tt.request(headers={"traceparent": f"00-{PARENT_TRACE}-{PARENT_SPAN}-00"}) as req:
