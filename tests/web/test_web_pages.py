@@ -533,13 +533,13 @@ def test_out_of_duckdbs_memory_is_a_503_that_says_what_to_do(
     (an SRE measured it at 2.5 M requests); here a tiny bound does the same on a small file."""
     from tt_testkit import explorer
 
-    from tokentrace.web import _db
+    from tokentrace.store import reader
 
     def tiny_bound(path: Path) -> duckdb.DuckDBPyConnection:
         # set when the explorer opens its connection: once it holds data, a lower bound is refused
         return duckdb.connect(str(path), read_only=True, config={"memory_limit": "1MB"})
 
-    monkeypatch.setattr(_db, "open_read_only", tiny_bound)
+    monkeypatch.setattr(reader, "open_read_only", tiny_bound)
     db = tmp_path / "copy.duckdb"  # a file no other connection of this process holds
     shutil.copy(generated[0], db)
     with explorer(db) as url:
