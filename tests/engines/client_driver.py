@@ -201,28 +201,32 @@ def setup_tracing(instrumentation: str, otlp: str, service: str, client: Client)
 # ---- the scenarios: each a short real run ----------------------------------------------
 
 
-async def healthy_chats(c: Client, count: int = 6, concurrency: int = 2) -> None:
-    """Chat streams, `concurrency` at a time, 32 tokens each."""
+async def healthy_chats(c: Client, count: int = 12, concurrency: int = 3) -> None:
+    """Chat streams, `concurrency` at a time, 24 tokens each."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(i: int) -> None:
         async with gate:
-            await c.chat("chat", SHORT_PROMPTS[i % len(SHORT_PROMPTS)], max_tokens=32)
+            await c.chat("chat", SHORT_PROMPTS[i % len(SHORT_PROMPTS)], max_tokens=24)
 
     await asyncio.gather(*(one(i) for i in range(count)))
 
 
 async def stutter(c: Client) -> None:
-    """Four 160-token chat streams; a long prompt arrives every ~150 ms meanwhile."""
+    """24 chat streams of 64 tokens, four at a time; meanwhile a long prompt (one whole
+    prefill step each) arrives every ~0.3 s."""
+    gate = asyncio.Semaphore(4)
+
+    async def stream(i: int) -> None:
+        async with gate:
+            await c.chat("stream", SHORT_PROMPTS[i % len(SHORT_PROMPTS)], max_tokens=64)
 
     async def long_prompts() -> None:
-        await asyncio.sleep(0.1)
-        for i in range(4):
+        for i in range(8):
+            await asyncio.sleep(0.15)
             await c.chat("long", long_prompt(i), max_tokens=2)
-            await asyncio.sleep(0.05)
 
-    streams = [c.chat("stream", SHORT_PROMPTS[i], max_tokens=160) for i in range(4)]
-    await asyncio.gather(*streams, long_prompts())
+    await asyncio.gather(*(stream(i) for i in range(24)), long_prompts())
 
 
 async def tenants(c: Client, tracer: Any) -> None:
@@ -234,15 +238,19 @@ async def tenants(c: Client, tracer: Any) -> None:
             await c.chat("tenant", prompt, max_tokens=max_tokens, tenant=tenant)
 
     small = ("acme-small", "beta-small")
-    for i in range(4):
-        await handle(small[i % 2], SHORT_PROMPTS[i], 16)
-    burst = [handle("bigcorp", long_prompt(10 + i, 2400), 48) for i in range(6)]
-    alongside = [handle(small[i % 2], SHORT_PROMPTS[i], 16) for i in range(4)]
-    await asyncio.gather(*burst, *alongside)
+    for i in range(8):  # alone: what a small tenant's chat takes on an idle server
+        await handle(small[i % 2], SHORT_PROMPTS[i % len(SHORT_PROMPTS)], 16)
+
+    async def alongside(i: int) -> None:
+        await asyncio.sleep(0.05 * i)
+        await handle(small[i % 2], SHORT_PROMPTS[i % len(SHORT_PROMPTS)], 16)
+
+    burst = [handle("bigcorp", long_prompt(10 + i, 2400), 48) for i in range(12)]
+    await asyncio.gather(*burst, *(alongside(i) for i in range(12)))
 
 
 async def batch_events(c: Client, tracer: Any) -> None:
-    """A batch job's three 160-token streams beside live chats, each under an application
+    """A batch job's four 160-token streams beside live chats, each under an application
     span that names its traffic class."""
 
     async def job(i: int) -> None:
@@ -251,14 +259,17 @@ async def batch_events(c: Client, tracer: Any) -> None:
         ):
             await c.chat("batch", SHORT_PROMPTS[i], max_tokens=160, traffic_class="batch")
 
-    async def live(i: int) -> None:
-        await asyncio.sleep(0.1 * i)
+    async def live(i: int, delay_s: float = 0.0) -> None:
+        await asyncio.sleep(delay_s)
         with tracer.start_as_current_span(
             "handle_request", attributes={"tokentrace.traffic_class": "interactive"}
         ):
-            await c.chat("live", SHORT_PROMPTS[i], max_tokens=16, traffic_class="interactive")
+            prompt = SHORT_PROMPTS[i % len(SHORT_PROMPTS)]
+            await c.chat("live", prompt, max_tokens=16, traffic_class="interactive")
 
-    await asyncio.gather(*(job(i) for i in range(3)), *(live(i) for i in range(4)))
+    for i in range(10):  # alone
+        await live(i)
+    await asyncio.gather(*(job(i) for i in range(4)), *(live(i, 0.04 * i) for i in range(16)))
 
 
 async def client_errors(c: Client) -> None:
@@ -286,7 +297,7 @@ async def tiny_llm_completions(c: Client) -> None:
         async with gate:
             await c.completion("tiny", SHORT_PROMPTS[i], max_tokens=16, stream=True)
 
-    await asyncio.gather(*(one(i) for i in range(5)))
+    await asyncio.gather(*(one(i) for i in range(6)))
 
 
 async def run(name: str, c: Client, tracer: Any) -> None:

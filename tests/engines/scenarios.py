@@ -36,7 +36,7 @@ SCENARIOS = (
     ),
     Scenario(
         "chat_openllmetry", OPENLLMETRY, VLLM,
-        "healthy chat streams, two at a time; one chunk event per chunk on the client span",
+        "healthy chat streams, three at a time; one chunk event per chunk on the client span",
     ),
     Scenario(
         "chat_openinference", OPENINFERENCE, VLLM,

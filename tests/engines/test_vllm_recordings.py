@@ -1,0 +1,321 @@
+"""tokentrace's request rows from recordings of real vLLM serving real instrumented OpenAI
+clients (tests/data/engines/), checked against vLLM's own attributes and against what the
+client measured itself.  No engine runs here: the recordings replay through
+`tokentrace import` into a real DuckDB file.
+
+What today's code gets wrong (issue 22) is written as strict xfails, so that the change
+that fixes one turns it green and must drop the mark.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from recordings import (
+    CLIENT_AGREE_MS,
+    OPENLLMETRY_RUNS,
+    VLLM_AGREE_MS,
+    VLLM_CLIENT_RUNS,
+    import_into,
+    load,
+    request_rows,
+    seconds_ms,
+)
+
+ATTRS = "gen_ai.latency."
+
+
+@pytest.fixture(scope="module")
+def rows_of(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Gives the request rows of one recording (imported once per module)."""
+    imported: dict[str, list[dict[str, Any]]] = {}
+
+    def rows(name: str) -> list[dict[str, Any]]:
+        if name not in imported:
+            db = tmp_path_factory.mktemp(name) / "engines.duckdb"
+            import_into(db, name)
+            imported[name] = request_rows(db)
+        return imported[name]
+
+    return rows
+
+
+def _by_trace(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Gives the rows by trace id, for traces with one row (fan-out aside)."""
+    counts = Counter(r["trace_id"] for r in rows)
+    return {r["trace_id"]: r for r in rows if counts[r["trace_id"]] == 1}
+
+
+def _answered(name: str) -> list[dict[str, Any]]:
+    """Gives the client's measurements of the requests vLLM answered in full."""
+    return [m for m in load(name).client if m["status"] == "ok"]
+
+
+# ---- what holds today ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", VLLM_CLIENT_RUNS)
+def test_every_answered_call_joined_vllm_span(name: str, rows_of: Any) -> None:
+    rec = load(name)
+    served = {s.trace_id for s in rec.llm_requests()}
+    rows = rows_of(name)
+    for m in _answered(name):
+        # the httpx instrumentation carried the client's traceparent into vLLM
+        assert m["trace_id"] in served, m["key"]
+        mine = [r for r in rows if r["trace_id"] == m["trace_id"]]
+        assert mine and all(r["source"] == "vllm" for r in mine), m["key"]
+        assert all(r["network_ms"] is not None for r in mine), m["key"]
+
+
+@pytest.mark.parametrize("name", VLLM_CLIENT_RUNS)
+def test_one_row_per_vllm_request(name: str, rows_of: Any) -> None:
+    requests = {(s.trace_id, s.attributes["gen_ai.request.id"]) for s in load(name).llm_requests()}
+    rows = [(r["trace_id"], r["request_id"]) for r in rows_of(name) if r["source"] == "vllm"]
+    assert sorted(rows) == sorted(requests)
+
+
+@pytest.mark.parametrize("name", VLLM_CLIENT_RUNS)
+def test_buckets_are_vllm_own_figures(name: str, rows_of: Any) -> None:
+    spans = load(name).llm_requests()
+    ids = Counter(s.attributes["gen_ai.request.id"] for s in spans)
+    rows = {r["request_id"]: r for r in rows_of(name)}
+    checked = 0
+    for span in spans:
+        rid = span.attributes["gen_ai.request.id"]
+        if ids[rid] > 1:  # n > 1: several spans share the id (the fan-out rule is open)
+            continue
+        row = rows[rid]
+        prefill = seconds_ms(span, ATTRS + "time_in_model_prefill")
+        decode = seconds_ms(span, ATTRS + "time_in_model_decode")
+        e2e = seconds_ms(span, ATTRS + "e2e")
+        assert row["server_ms"] == pytest.approx(e2e, abs=VLLM_AGREE_MS)
+        assert row["prefill_ms"] == pytest.approx(prefill, abs=VLLM_AGREE_MS)
+        assert row["decode_ms"] == pytest.approx(decode, abs=VLLM_AGREE_MS)
+        assert row["queue_ms"] == pytest.approx(e2e - prefill - decode, abs=VLLM_AGREE_MS)
+        queue_wait = seconds_ms(span, ATTRS + "time_in_queue")
+        assert row["queue_wait_ms"] == pytest.approx(queue_wait, abs=VLLM_AGREE_MS)
+        ttft = seconds_ms(span, ATTRS + "time_to_first_token")
+        assert row["ttft_ms"] == pytest.approx(ttft, abs=VLLM_AGREE_MS)
+        checked += 1
+    assert checked >= 2
+
+
+@pytest.mark.parametrize("name", ["chat_openllmetry", "chat_openai_v2", *OPENLLMETRY_RUNS[1:]])
+def test_e2e_and_network_are_the_client_own(name: str, rows_of: Any) -> None:
+    rows = _by_trace(rows_of(name))
+    for m in _answered(name):
+        row = rows[m["trace_id"]]
+        assert row["e2e_ms"] == pytest.approx(m["e2e_ms"], abs=CLIENT_AGREE_MS), m["key"]
+        network = m["e2e_ms"] - row["server_ms"]  # the client's wait beyond vLLM's own time
+        assert row["network_ms"] == pytest.approx(network, abs=CLIENT_AGREE_MS), m["key"]
+
+
+@pytest.mark.parametrize("name", OPENLLMETRY_RUNS)
+def test_user_ttft_from_openllmetry_chunk_events(name: str, rows_of: Any) -> None:
+    rec = load(name)
+    rows = _by_trace(rows_of(name))
+    checked = 0
+    for m in _answered(name):
+        if rec.dropped_events.get(rec.client_span(m["trace_id"]).span_id):
+            continue  # the first chunk's event was dropped: below
+        row = rows[m["trace_id"]]
+        assert row["ttft_client_ms"] == pytest.approx(m["first_chunk_ms"], abs=CLIENT_AGREE_MS), m[
+            "key"
+        ]
+        checked += 1
+    assert checked >= 10
+
+
+def test_openai_v2_gives_no_user_ttft(rows_of: Any) -> None:
+    # opentelemetry-instrumentation-openai-v2 2.4b0 records no first-token time at all
+    assert all(r["ttft_client_ms"] is None for r in rows_of("chat_openai_v2"))
+
+
+def test_refused_calls_are_client_only_errors(rows_of: Any) -> None:
+    rows = _by_trace(rows_of("client_errors"))
+    refused = [m for m in load("client_errors").client if m["status"].startswith("http_")]
+    assert {m["status"] for m in refused} == {"http_400", "http_404"}
+    for m in refused:
+        row = rows[m["trace_id"]]
+        assert row["error"] and row["source"] == "genai_client", m["key"]
+        assert "server_unseen" in row["flags"]
+
+
+def test_example_server_rows_from_its_sdk_spans(rows_of: Any) -> None:
+    rows = _by_trace(rows_of("tiny_llm_openinference"))
+    measured = load("tiny_llm_openinference").client
+    assert len(measured) == 6
+    for m in measured:
+        row = rows[m["trace_id"]]
+        assert row["source"] == "tokentrace" and row["request_id"] == m["key"]
+        assert row["itl_max_ms"] is not None  # the SDK's own token times
+
+
+# ---- what today's code gets wrong (issue 22) ------------------------------------------
+
+OPENINFERENCE_RUNS = ("chat_openinference", "tiny_llm_openinference")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22: OpenInference's ChatCompletion span is INTERNAL; the httpx POST span, "
+    "which ends at the response headers, is taken as the user's (negative_network, E2E short)",
+)
+@pytest.mark.parametrize("name", OPENINFERENCE_RUNS)
+def test_openinference_e2e_is_the_client_own(name: str, rows_of: Any) -> None:
+    rows = _by_trace(rows_of(name))
+    for m in _answered(name):
+        row = rows[m["trace_id"]]
+        assert "negative_network" not in row["flags"], m["key"]
+        assert row["e2e_ms"] == pytest.approx(m["e2e_ms"], abs=CLIENT_AGREE_MS), m["key"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22: OpenInference's 'First Token Stream Event' is not read as TTFT (user) "
+    "under a server span",
+)
+@pytest.mark.parametrize("name", OPENINFERENCE_RUNS)
+def test_openinference_user_ttft(name: str, rows_of: Any) -> None:
+    rows = _by_trace(rows_of(name))
+    for m in _answered(name):
+        row = rows[m["trace_id"]]
+        assert row["ttft_client_ms"] == pytest.approx(m["first_chunk_ms"], abs=CLIENT_AGREE_MS), m[
+            "key"
+        ]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22: client chunk events are not used as token times when the trace has "
+    "vLLM's span (every row no_token_times, no ITL)",
+)
+@pytest.mark.parametrize("name", OPENLLMETRY_RUNS)
+def test_openllmetry_chunks_are_token_times(name: str, rows_of: Any) -> None:
+    rec = load(name)
+    rows = _by_trace(rows_of(name))
+    for m in _answered(name):
+        if rec.dropped_events.get(rec.client_span(m["trace_id"]).span_id):
+            continue
+        row = rows[m["trace_id"]]
+        assert "no_token_times" not in row["flags"], m["key"]
+        assert row["itl_max_ms"] is not None, m["key"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22: no token_times_source column (server | client | none) yet",
+)
+@pytest.mark.parametrize(
+    ("name", "source"),
+    [
+        ("chat_openllmetry", "client"),
+        ("chat_openai_v2", "none"),
+        ("chat_openinference", "none"),
+        ("tiny_llm_openinference", "server"),
+    ],
+)
+def test_token_times_source(name: str, source: str, rows_of: Any) -> None:
+    rows = rows_of(name)
+    assert rows and {r["token_times_source"] for r in rows} == {source}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22: a client span past the SDK's 128-event limit lost its first chunk "
+    "events, and the first kept one is read as the first token (TTFT (user) seconds late)",
+)
+def test_truncated_chunk_events_give_no_late_ttft(rows_of: Any) -> None:
+    rec = load("batch_events")
+    rows = _by_trace(rows_of("batch_events"))
+    truncated = [
+        m for m in _answered("batch_events")
+        if rec.dropped_events.get(rec.client_span(m["trace_id"]).span_id)
+    ]  # fmt: skip
+    assert len(truncated) == 4
+    for m in truncated:
+        ttft = rows[m["trace_id"]]["ttft_client_ms"]
+        assert ttft is None or ttft == pytest.approx(m["first_chunk_ms"], abs=CLIENT_AGREE_MS)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22: the tenant is read from the request's own spans only, not from the "
+    "application span (handle_request, tenant.id) that wraps the call",
+)
+def test_tenant_from_the_wrapping_application_span(rows_of: Any) -> None:
+    rows = _by_trace(rows_of("tenants"))
+    for m in _answered("tenants"):
+        assert rows[m["trace_id"]]["tenant"] == m["tenant"], m["key"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22: the traffic class is read from the request's own spans only, not from "
+    "the application span (batch_job) that wraps the call",
+)
+def test_traffic_class_from_the_wrapping_application_span(rows_of: Any) -> None:
+    rows = _by_trace(rows_of("batch_events"))
+    for m in _answered("batch_events"):
+        assert rows[m["trace_id"]]["traffic_class"] == m["traffic_class"], m["key"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22: a stream the client aborted, with no vLLM span, is not an error",
+)
+def test_aborted_without_server_span_is_an_error(rows_of: Any) -> None:
+    served = {s.trace_id for s in load("client_errors").llm_requests()}
+    rows = _by_trace(rows_of("client_errors"))
+    aborted = [
+        m for m in load("client_errors").client
+        if m["status"] == "aborted" and m["trace_id"] not in served
+    ]  # fmt: skip
+    assert aborted
+    for m in aborted:
+        assert rows[m["trace_id"]]["error"], m["key"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22: the instance column is OpenTelemetry's random service.instance.id, "
+    "not vllm.process_id",
+)
+def test_vllm_instance_is_its_process(rows_of: Any) -> None:
+    spans = load("chat_openllmetry").llm_requests()
+    (pid,) = {str(s.resource["vllm.process_id"]) for s in spans}
+    (otel_id,) = {str(s.resource["service.instance.id"]) for s in spans}
+    for row in rows_of("chat_openllmetry"):
+        # host + pid, however joined; the random id is kept beside it, not as the instance
+        assert row["instance"] != otel_id
+        assert re.search(rf"(?<![0-9a-f]){pid}(?![0-9a-f])", row["instance"]), row["instance"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22: vLLM's TTFT is the front end's clock, prefill the engine's: "
+    "queue + prefill is not TTFT as the README defines it",
+)
+@pytest.mark.parametrize("name", ["chat_openllmetry", "stutter"])
+def test_ttft_is_queue_plus_prefill(name: str, rows_of: Any) -> None:
+    for row in rows_of(name):
+        assert row["ttft_ms"] == pytest.approx(
+            row["queue_ms"] + row["prefill_ms"], abs=VLLM_AGREE_MS
+        ), row["request_id"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22: a second import of the same file says its traces were kept whole again",
+)
+def test_reimport_keeps_nothing_twice(tmp_path: Path) -> None:
+    db = tmp_path / "twice.duckdb"
+    first = import_into(db, "chat_openllmetry")
+    assert first["kept_traces"] == 12
+    second = import_into(db, "chat_openllmetry")
+    assert second["already_stored"] == 12
+    assert second["kept_traces"] == 0
