@@ -38,14 +38,11 @@ class Arrivals(ABC, Generic[Item]):
         """Gives the item's spans (unpacked)."""
 
     @abstractmethod
-    def add(self, p: PendingTrace, item: Item, new: bool) -> None:
-        """Adds the item's spans to the pending trace (`new`: opened for this item)."""
-
-    @abstractmethod
-    def root_parents(self, item: Item) -> Sequence[str]:
-        """Gives the parent span id ("" for none) of each span of the item that may be
-        its trace's root: a parentless span, or a SERVER span (its parent may be a
-        client's span that never comes)."""
+    def join(self, p: PendingTrace, item: Item, new: bool) -> Sequence[str]:
+        """Adds the item's spans to the pending trace (`new`: opened for this item); gives
+        the parent span id ("" for none) of each of them that may be the trace's root: a
+        parentless span, or a SERVER span (its parent may be a client's span that never
+        comes)."""
 
 
 class PlainSpans(Arrivals[Span]):
@@ -63,10 +60,8 @@ class PlainSpans(Arrivals[Span]):
     def spans(self, item: Span) -> Sequence[Span]:
         return (item,)
 
-    def add(self, p: PendingTrace, item: Span, new: bool) -> None:
+    def join(self, p: PendingTrace, item: Span, new: bool) -> Sequence[str]:
         p.spans.append(item)
-
-    def root_parents(self, item: Span) -> Sequence[str]:
         parent = item.parent_span_id
         if not parent:
             return _PARENTLESS
@@ -88,13 +83,11 @@ class PackedTraces(Arrivals[PackedTrace]):
     def spans(self, item: PackedTrace) -> Sequence[Span]:
         return item.spans()
 
-    def add(self, p: PendingTrace, item: PackedTrace, new: bool) -> None:
+    def join(self, p: PendingTrace, item: PackedTrace, new: bool) -> Sequence[str]:
         if new:
             p.packed = item  # its spans stay packed until something needs them
         else:  # more spans of a buffered trace: the worker's summary no longer covers it
             p.spans.extend(item.spans())
-
-    def root_parents(self, item: PackedTrace) -> Sequence[str]:
         return item.roots  # the worker listed them
 
 

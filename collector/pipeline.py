@@ -1,5 +1,5 @@
 """Receive → tail buffer → decide → commit → writer: the flow that wires the parts
-together (docs/collector.md, "Tail sampling").
+together (docs/design.md §4).
 
 `Pipeline.offer()` is what receivers call: it never blocks, and gives a refusal reason
 when the buffer or the writer is full (`collector/refusals.py`), so the receiver can
@@ -168,14 +168,15 @@ class Pipeline:
             cache = self._cache
             decided = cache.decided
             received = arrivals.span_count(items)
-            # (late spans of decided traces are reckoned in too: they are few)
             fresh = arrivals.span_count(items, decided) if decided else received
+            # (late spans of decided traces are reckoned in its bytes too: they are few)
             why = self._refusal(received, fresh, sum(sizes))
             if why is not None:
                 return why
             buffer = self._buffer
             pending = buffer.pending
             roots = self._waits.roots
+            join = arrivals.join
             added = 0
             for item, nbytes in zip(items, sizes, strict=True):
                 trace_id = item.trace_id
@@ -190,10 +191,9 @@ class Pipeline:
                             cache.drop_late(arrivals.count(item))
                         continue
                     p = pending[trace_id] = PendingTrace([], now)
-                arrivals.add(p, item, new)
                 p.nbytes += nbytes
                 added += nbytes
-                for parent in arrivals.root_parents(item):
+                for parent in join(p, item, new):
                     roots.append((now, trace_id, parent))
             buffer.spans += fresh
             buffer.bytes += added
