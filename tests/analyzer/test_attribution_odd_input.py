@@ -1,6 +1,6 @@
 """Odd-but-real input that once made a request vanish or a summary unsound, one case each.
 
-Found by `test_adapter_fuzz.py`; each case here fails on the analyzer before the
+Found by `test_conventions_fuzz.py`; each case here fails on the analyzer before the
 tolerant reader (`analyzer/conventions/_values.py`).
 """
 
@@ -19,7 +19,7 @@ from tokentrace.analyzer.trace_view import TraceView
 from tokentrace.instrumentation import semconv as sc
 
 from . import spanfactory as f
-from .test_adapter_fuzz import assert_sound
+from .test_conventions_fuzz import assert_sound
 
 
 def _one(spans: list[Span], source: str) -> s.RequestSummary:

@@ -4,7 +4,7 @@ Each adapter summarizes the outermost of its request spans only (a TGI handler i
 another, an SGLang root inside another, is part of it), and used to find them by
 walking every candidate's ancestors afresh: a chain of n spans with a request hung
 from each, which a hostile or buggy sender can make, walked n^2/2 parents.  Work is
-counted (look-ups of a span's parent or children, as in test_dos_linear), never timed.
+counted (look-ups of a span's parent or children, as in test_attribution_cost), never timed.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tokentrace.analyzer.spans import KIND_INTERNAL, Span
 from tokentrace.analyzer.trace_view import TraceView
 
 from .spanfactory import MS, new_id, span
-from .test_dos_linear import _CountingDict, _CountingView
+from .test_attribution_cost import _CountingDict, _CountingView
 
 N = 2000
 TGI_TIMING = {tgi.TOTAL: "10ms", tgi.VALIDATION: "100µs", tgi.QUEUE: "1ms", tgi.INFERENCE: "8ms",

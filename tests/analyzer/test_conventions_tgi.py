@@ -193,7 +193,7 @@ def test_telling_tgi_by_its_inner_spans_is_linear_in_the_spans(
     monkeypatch: pytest.MonkeyPatch, shape: str
 ) -> None:
     """Looking for `infer` / `queued` below each handler afresh walked a chain of n
-    handler-named spans n^2/2 times (the hostile exports of test_dos_linear.py)."""
+    handler-named spans n^2/2 times (the hostile exports of test_attribution_cost.py)."""
     n = 1000
     if shape == "handlers":  # generate → generate → … → infer
         spans = _chain(["generate"] * n + ["infer"])

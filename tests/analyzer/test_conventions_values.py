@@ -18,7 +18,7 @@ from tokentrace.analyzer.attribution import summarize_trace
 from tokentrace.analyzer.conventions._values import ValueReader
 
 from . import spanfactory as f
-from .test_adapter_fuzz import TGI_DURATIONS
+from .test_conventions_fuzz import TGI_DURATIONS
 
 #: The regular expressions the reader read durations with: the oracle.
 _PART = r"([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*(ns|µs|μs|us|ms|s|m|h)"

@@ -32,7 +32,7 @@ from tokentrace.analyzer.report import build_report
 from tokentrace.web import _format
 
 from . import workloads
-from .test_lagging_backlog import _fifo
+from .test_diagnosis_load_backlog import _fifo
 from .workloads import Req, S, Server, Workload, serve, summarize
 
 RENDERERS = (render_text, render_markdown, render_html)
