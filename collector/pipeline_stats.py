@@ -1,5 +1,5 @@
 """The pipeline's counts, kept once: the pipeline adds to them, /metrics reads them at
-each scrape (`self_metrics.PipelineCounts`), `tokentrace import` reports them."""
+each scrape (`metric_views.PipelineCounts`), `tokentrace import` reports them."""
 
 from __future__ import annotations
 
