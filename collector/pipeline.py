@@ -232,9 +232,9 @@ class Pipeline:
             return 0
         horizon = cache.recheck_horizon(self._writer.stored_until_ns)
         round_batch = RoundBatch(batch, time.time_ns(), horizon, self.stats, self._handover.submit)
-        waits = self.metrics.decision_latency
+        latency = self.metrics.decision_latency
         for trace_id, p in ready:
-            waits.observe((now - p.first_seen_ns) / 1e9)
+            latency.observe((now - p.first_seen_ns) / 1e9)
             if trace_id in cache.decided:  # (only this thread changes it)
                 # came back while its round was deciding it: late spans
                 self._late_after_decision(trace_id, p.all_spans())
