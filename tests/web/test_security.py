@@ -2,7 +2,7 @@
 
 `hostile` serves traces whose every string is an injection payload and whose doubles
 are NaN and ±Infinity (tests/web/hostile.py); the browser side is in
-test_web_security_browser.py.
+test_security_browser.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
   shared requests' "×8" unexplained; a sampled-out trace blamed a missing client span for its
   missing client chunks.
 - The search page's bucket bars had no legend, and "max gap" did not say it was ITL max.
-(The browser half, colours and legends drawn by app.js: test_newcomer_labels_browser.py.)
+(The browser half, colours and legends drawn by app.js: test_pages_labels_browser.py.)
 """
 
 from __future__ import annotations

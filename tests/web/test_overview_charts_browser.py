@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 from conftest import ONE_SLICE_COUNT
-from test_web_durations import RECORD_CANVAS_TEXT
+from test_durations_browser import RECORD_CANVAS_TEXT
 from web_testkit import BROWSER_MARKS, WebServer
 
 from tokentrace.web._format import ms
