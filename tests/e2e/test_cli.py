@@ -1,5 +1,10 @@
-"""CLI misuse and bad files: one clear line on stderr and a non-zero exit, never a
-traceback (the commands run as a user runs them, in a subprocess)."""
+"""The `tokentrace` command line: `-v` anywhere; misuse and bad files in one clear line.
+
+CLI misuse and bad files: one clear line on stderr and a non-zero exit, never a
+traceback (the commands run as a user runs them, in a subprocess).
+
+`-v` before or after the command (`tokentrace serve -v` was refused: unrecognized arguments).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from pathlib import Path
 import duckdb
 import pytest
 from tt_testkit import free_port
+
+from tokentrace.cli import build_parser
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -148,3 +155,11 @@ def test_serve_warns_when_it_shows_traces_to_the_network_without_a_token(
     assert (warning is not None) == warned
     if warning:
         assert f"--host {host}" in warning and "--api-token" in warning
+
+
+@pytest.mark.parametrize("command", [["serve"], ["import", "f.json"], ["report"], ["requests"], ["demo"]])
+def test_verbose_before_or_after_the_command(command: list[str]) -> None:
+    parse = build_parser().parse_args
+    assert parse([*command, "-v"]).verbose is True
+    assert parse(["-v", *command]).verbose is True  # the one before the command is kept
+    assert parse(command).verbose is False
