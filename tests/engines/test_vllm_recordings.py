@@ -81,14 +81,14 @@ def test_one_row_per_vllm_request(name: str, rows_of: Any) -> None:
 @pytest.mark.parametrize("name", VLLM_CLIENT_RUNS)
 def test_buckets_are_vllm_own_figures(name: str, rows_of: Any) -> None:
     spans = load(name).llm_requests()
-    ids = Counter(s.attributes["gen_ai.request.id"] for s in spans)
-    rows = {r["request_id"]: r for r in rows_of(name)}
+    ids = Counter((s.trace_id, s.attributes["gen_ai.request.id"]) for s in spans)
+    rows = {(r["trace_id"], r["request_id"]): r for r in rows_of(name)}
     checked = 0
     for span in spans:
-        rid = span.attributes["gen_ai.request.id"]
-        if ids[rid] > 1:  # n > 1: several spans share the id (the fan-out rule is open)
+        key = (span.trace_id, span.attributes["gen_ai.request.id"])
+        if ids[key] > 1:  # n > 1: several spans share the id (the fan-out rule is open)
             continue
-        row = rows[rid]
+        row = rows[key]
         prefill = seconds_ms(span, ATTRS + "time_in_model_prefill")
         decode = seconds_ms(span, ATTRS + "time_in_model_decode")
         e2e = seconds_ms(span, ATTRS + "e2e")

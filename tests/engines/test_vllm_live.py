@@ -1,0 +1,197 @@
+"""Real vLLM (CPU build, tiny random Llama) serving real OpenAI clients under the real
+third-party instrumentations, every span into a real `tokentrace serve`; then the
+project's example server under OpenInference.  One vLLM for the module (~40 s to start).
+
+Marked `engine`: `pytest -m engine tests/engines`; skipped without `.venv-engines`
+(scripts/engine-venv).  tokentrace's rows are checked against vLLM's own attributes (as
+stored with its spans) and the client's own clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine_kit import (
+    ClientRun,
+    build_tiny_model,
+    engine_venv_missing,
+    run_client,
+    start_tiny_llm,
+    start_vllm,
+)
+from recordings import CLIENT_AGREE_MS, VLLM_AGREE_MS
+from tt_testkit import start_serve
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+VLLM_RUNS = ("chat_openllmetry", "chat_openinference", "chat_openai_v2", "client_errors", "fanout")
+EXAMPLE_RUN = "tiny_llm_openinference"
+LATENCY = "gen_ai.latency."
+
+
+@dataclass
+class LiveRun:
+    db: Path
+    clients: dict[str, ClientRun]
+    serve_output: str
+
+    def query(self, sql: str) -> list[dict[str, Any]]:
+        from tokentrace.store.connection import open_read_only
+
+        conn = open_read_only(self.db)
+        try:
+            cursor = conn.execute(sql)
+            cols = [d[0] for d in cursor.description]
+            return [dict(zip(cols, row, strict=True)) for row in cursor.fetchall()]
+        finally:
+            conn.close()
+
+    def rows(self) -> list[dict[str, Any]]:
+        return self.query("SELECT * FROM requests ORDER BY start_ns")
+
+    def vllm_spans(self) -> list[dict[str, Any]]:
+        """Gives vLLM's stored request spans, attributes and resource decoded."""
+        spans = self.query("SELECT * FROM spans WHERE name = 'llm_request'")
+        for s in spans:
+            s["attributes"], s["resource"] = json.loads(s["attributes"]), json.loads(s["resource"])
+        return spans
+
+    def answered(self, *names: str) -> list[dict[str, Any]]:
+        return [m for n in names for m in self.clients[n].requests if m["status"] == "ok"]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> LiveRun:
+    missing = engine_venv_missing()
+    if missing:
+        pytest.skip(missing)
+    work = tmp_path_factory.mktemp("engines-live")
+    model = build_tiny_model(work / "model")
+    serve = start_serve(work)  # as a user runs it: every default
+    clients: dict[str, ClientRun] = {}
+    try:
+        vllm = start_vllm(Path(str(model["dir"])), serve.otlp_grpc, work / "vllm.log")
+        try:
+            for name in VLLM_RUNS:
+                out = work / f"{name}.client.json"
+                clients[name] = run_client(name, vllm.base_url, serve.otlp_http, out)
+        finally:
+            vllm.stop()  # flushes its last spans
+        example = start_tiny_llm(serve.otlp_http, work / "tiny_llm.log")
+        try:
+            out = work / f"{EXAMPLE_RUN}.client.json"
+            clients[EXAMPLE_RUN] = run_client(EXAMPLE_RUN, example.base_url, serve.otlp_http, out)
+        finally:
+            example.stop()
+    finally:
+        output = serve.stop()  # decides and writes every trace it holds
+    return LiveRun(serve.db, clients, output)
+
+
+def test_every_answered_call_joined_vllm_span(live: LiveRun) -> None:
+    rows = {r["trace_id"]: r for r in live.rows()}
+    answered = live.answered(*VLLM_RUNS)
+    assert len(answered) >= 40
+    for m in answered:
+        row = rows[m["trace_id"]]
+        assert row["source"] == "vllm" and row["network_ms"] is not None, m["key"]
+
+
+def test_one_row_per_vllm_request(live: LiveRun) -> None:
+    spans = live.vllm_spans()
+    requests = {(s["trace_id"], s["attributes"]["gen_ai.request.id"]) for s in spans}
+    rows = [(r["trace_id"], r["request_id"]) for r in live.rows() if r["source"] == "vllm"]
+    assert sorted(rows) == sorted(requests)
+    # every trace was kept whole (the warm-up keeps a short first run): all spans compared
+    assert len({s["trace_id"] for s in spans}) == len({t for t, _ in rows})
+
+
+def test_buckets_are_vllm_own_figures(live: LiveRun) -> None:
+    spans = live.vllm_spans()
+    # each client run numbers its requests from 1: a request is its trace and its id
+    ids = Counter((s["trace_id"], s["attributes"]["gen_ai.request.id"]) for s in spans)
+    rows = {(r["trace_id"], r["request_id"]): r for r in live.rows()}
+    checked = 0
+    for span in spans:
+        attrs = span["attributes"]
+        key = (span["trace_id"], attrs["gen_ai.request.id"])
+        if ids[key] > 1:  # n > 1: one id, several spans (the fan-out rule is open)
+            continue
+        row = rows[key]
+
+        def ms(key: str, attrs: dict[str, Any] = attrs) -> float:
+            return float(attrs[LATENCY + key]) * 1000.0
+
+        prefill, decode, e2e = ms("time_in_model_prefill"), ms("time_in_model_decode"), ms("e2e")
+        assert row["server_ms"] == pytest.approx(e2e, abs=VLLM_AGREE_MS)
+        assert row["prefill_ms"] == pytest.approx(prefill, abs=VLLM_AGREE_MS)
+        assert row["decode_ms"] == pytest.approx(decode, abs=VLLM_AGREE_MS)
+        assert row["queue_ms"] == pytest.approx(e2e - prefill - decode, abs=VLLM_AGREE_MS)
+        assert row["queue_wait_ms"] == pytest.approx(ms("time_in_queue"), abs=VLLM_AGREE_MS)
+        assert row["ttft_ms"] == pytest.approx(ms("time_to_first_token"), abs=VLLM_AGREE_MS)
+        checked += 1
+    assert checked >= 30
+
+
+def test_openllmetry_ttft_and_e2e_are_the_client_own(live: LiveRun) -> None:
+    rows = {r["trace_id"]: r for r in live.rows()}
+    for m in live.answered("chat_openllmetry"):
+        row = rows[m["trace_id"]]
+        assert row["ttft_client_ms"] == pytest.approx(m["first_chunk_ms"], abs=CLIENT_AGREE_MS)
+        assert row["e2e_ms"] == pytest.approx(m["e2e_ms"], abs=CLIENT_AGREE_MS)
+        network = m["e2e_ms"] - row["server_ms"]
+        assert row["network_ms"] == pytest.approx(network, abs=CLIENT_AGREE_MS)
+
+
+def test_refused_calls_are_errors(live: LiveRun) -> None:
+    rows = {r["trace_id"]: r for r in live.rows()}
+    refused = [m for m in live.clients["client_errors"].requests if m["status"].startswith("http")]
+    assert {m["status"] for m in refused} == {"http_400", "http_404"}
+    assert all(rows[m["trace_id"]]["error"] for m in refused)
+
+
+def test_example_server_rows(live: LiveRun) -> None:
+    rows = {r["trace_id"]: r for r in live.rows()}
+    measured = live.clients[EXAMPLE_RUN].requests
+    assert len(measured) == 6
+    for m in measured:
+        row = rows[m["trace_id"]]
+        assert row["source"] == "tokentrace" and row["request_id"] == m["key"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22: OpenInference's INTERNAL span is passed over for the httpx POST span "
+    "(negative_network, E2E cut at the response headers)",
+)
+def test_openinference_e2e_is_the_client_own(live: LiveRun) -> None:
+    rows = {r["trace_id"]: r for r in live.rows()}
+    for m in live.answered("chat_openinference", EXAMPLE_RUN):
+        row = rows[m["trace_id"]]
+        assert "negative_network" not in row["flags"], m["key"]
+        assert row["e2e_ms"] == pytest.approx(m["e2e_ms"], abs=CLIENT_AGREE_MS), m["key"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22: OpenLLMetry's chunk events are not token times beside vLLM's span",
+)
+def test_openllmetry_chunks_are_token_times(live: LiveRun) -> None:
+    rows = {r["trace_id"]: r for r in live.rows()}
+    for m in live.answered("chat_openllmetry"):
+        row = rows[m["trace_id"]]
+        assert "no_token_times" not in row["flags"] and row["itl_max_ms"] is not None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22: vLLM's start-up trace reaches serve and is sampled away (no request)",
+)
+def test_startup_trace_is_kept(live: LiveRun) -> None:
+    stored = live.query("SELECT name FROM spans WHERE name = 'Overall Loading'")
+    assert len(stored) == 1
