@@ -38,7 +38,7 @@ import duckdb
 
 from tokentrace.store.errors import StoreError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: Upper bounds (ms) of the inter-token-gap histogram buckets: log-spaced with
 #: ~12 % resolution from 0.1 ms to ~60 s; one more bucket holds anything above.
@@ -170,6 +170,43 @@ _MIGRATIONS: dict[int, list[str]] = {
         # `gpu_us`, their gap is the step's launch / sync overhead.  The SDK sent it
         # from the start; the collector dropped it.  NULL for steps stored before.
         "ALTER TABLE engine_steps ADD COLUMN IF NOT EXISTS forward_host_us BIGINT",
+    ],
+    4: [
+        # Where a request's token times came from: `server` (the engine's or the SDK's own),
+        # `client` (a client span's chunk events), `none`.  NULL for rows stored before.
+        "ALTER TABLE requests ADD COLUMN IF NOT EXISTS token_times_source VARCHAR",
+        # OpenTelemetry's `service.instance.id`, kept beside `instance`, which names the
+        # process as a person would (vLLM's `vllm.process_id`, host + pid).
+        "ALTER TABLE requests ADD COLUMN IF NOT EXISTS instance_id VARCHAR",
+        # Unknown is not zero: an engine that does not report a step's batch size, queue
+        # depth or token counts (TGI's `infer` steps) stores NULL, which queries skip.
+        "ALTER TABLE engine_steps ALTER COLUMN prefill_tokens DROP NOT NULL",
+        "ALTER TABLE engine_steps ALTER COLUMN decode_seqs DROP NOT NULL",
+        "ALTER TABLE engine_steps ALTER COLUMN batch_size DROP NOT NULL",
+        "ALTER TABLE engine_steps ALTER COLUMN queue_depth DROP NOT NULL",
+        # An engine's start-up (vLLM's start-up trace: loading weights, allocating the KV
+        # cache): the cold-start evidence that precedes an instance's first request.
+        """
+        CREATE TABLE IF NOT EXISTS engine_starts (
+            trace_id VARCHAR NOT NULL,
+            service VARCHAR NOT NULL,
+            instance VARCHAR NOT NULL,
+            start_ns BIGINT NOT NULL,
+            end_ns BIGINT NOT NULL,
+            phases VARCHAR NOT NULL
+        )
+        """,
+        # Traces that matched no known span convention (no request row): what the report's
+        # coverage counts and names by root span, instead of passing over them in silence.
+        """
+        CREATE TABLE IF NOT EXISTS unmatched_traces (
+            trace_id VARCHAR NOT NULL,
+            start_ns BIGINT NOT NULL,
+            service VARCHAR NOT NULL,
+            root_name VARCHAR NOT NULL,
+            span_count INTEGER NOT NULL
+        )
+        """,
     ],
 }
 
