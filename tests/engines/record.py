@@ -1,6 +1,6 @@
 """Records the engine scenarios into tests/data/engines/ (re-run after an upgrade).
 
-    python tests/engines/record.py                 # every scenario, about three minutes
+    python tests/engines/record.py                 # every scenario, about two minutes
     python tests/engines/record.py stutter fanout  # only these (the rest stay as they are)
 
 Starts real vLLM (the engine venv, scripts/engine-venv) on a tiny random Llama, with its
@@ -147,6 +147,7 @@ def write_provenance(out: Path, argv: list[str]) -> None:
         for c in [_counts(path)]
     )
     versions = "\n".join(_versions())
+    shape = ", ".join(f"{key} {value}" for key, value in SHAPE.items())
     text = f"""# Engine recordings: provenance
 
 Real vLLM (CPU build) and real OpenAI clients under real third-party instrumentations,
@@ -164,7 +165,7 @@ chunk with text, E2E at the stream's end, each chunk's arrival in ms since the c
 - vLLM: `python -m vllm.entrypoints.openai.api_server --dtype float32 --enforce-eager
   {" ".join(VLLM_ARGS)} --otlp-traces-endpoint <recorder, gRPC>` under `nice -n 10`, with
   `VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=1 OTEL_BSP_SCHEDULE_DELAY=200`
-- model: a random-weight Llama built by `tests/engines/tiny_model.py` (seed 22, {SHAPE},
+- model: a random-weight Llama built by `tests/engines/tiny_model.py` (seed 22, {shape};
   byte-level BPE of 1,024 tokens trained on examples/data/corpus), served as `tiny-llama`
 - clients: `tests/engines/client_driver.py` (AsyncOpenAI, httpx instrumented so the
   traceparent reaches the server; spans over OTLP/HTTP, batch delay 200 ms)

@@ -32,6 +32,10 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 VLLM_RUNS = ("chat_openllmetry", "chat_openinference", "chat_openai_v2", "client_errors", "fanout")
 EXAMPLE_RUN = "tiny_llm_openinference"
 LATENCY = "gen_ai.latency."
+#: the client's clock starts before the instrumentation opens its span, and the wrapper's
+#: own work in between (prompt attributes) stretches on a machine busy with vLLM: up to
+#: 3.2 ms in the recordings, twice the recordings' tolerance here
+LIVE_AGREE_MS = 2 * CLIENT_AGREE_MS
 
 
 @dataclass
@@ -142,10 +146,10 @@ def test_openllmetry_ttft_and_e2e_are_the_client_own(live: LiveRun) -> None:
     rows = {r["trace_id"]: r for r in live.rows()}
     for m in live.answered("chat_openllmetry"):
         row = rows[m["trace_id"]]
-        assert row["ttft_client_ms"] == pytest.approx(m["first_chunk_ms"], abs=CLIENT_AGREE_MS)
-        assert row["e2e_ms"] == pytest.approx(m["e2e_ms"], abs=CLIENT_AGREE_MS)
+        assert row["ttft_client_ms"] == pytest.approx(m["first_chunk_ms"], abs=LIVE_AGREE_MS)
+        assert row["e2e_ms"] == pytest.approx(m["e2e_ms"], abs=LIVE_AGREE_MS)
         network = m["e2e_ms"] - row["server_ms"]
-        assert row["network_ms"] == pytest.approx(network, abs=CLIENT_AGREE_MS)
+        assert row["network_ms"] == pytest.approx(network, abs=LIVE_AGREE_MS)
 
 
 def test_refused_calls_are_errors(live: LiveRun) -> None:
@@ -174,7 +178,7 @@ def test_openinference_e2e_is_the_client_own(live: LiveRun) -> None:
     for m in live.answered("chat_openinference", EXAMPLE_RUN):
         row = rows[m["trace_id"]]
         assert "negative_network" not in row["flags"], m["key"]
-        assert row["e2e_ms"] == pytest.approx(m["e2e_ms"], abs=CLIENT_AGREE_MS), m["key"]
+        assert row["e2e_ms"] == pytest.approx(m["e2e_ms"], abs=LIVE_AGREE_MS), m["key"]
 
 
 @pytest.mark.xfail(
