@@ -81,6 +81,10 @@ class RoundBatch:
             self.decisions.append((trace_id, False))
             return
         keep, reason, weight = decision.keep, decision.reason, decision.weight
+        if outcome.engine_start is not None:
+            batch.engine_starts.append(outcome.engine_start)
+        if outcome.unmatched is not None:
+            batch.unmatched.append(outcome.unmatched)
         requests = result.requests
         for r in requests:
             r.kept = keep
@@ -93,6 +97,8 @@ class RoundBatch:
             batch.kept.append(KeptTrace(trace_id, reason, weight, self._wall_ns, spans))
             self.kept_ids.append((trace_id, span_ids(spans)))
         start = trace_start(requests, spans)
+        if start is None and outcome.unmatched is not None:  # dropped: only its note is written
+            start = outcome.unmatched.start_ns
         if start is not None:
             if start <= self._horizon:  # its first copy may be stored: the writer looks
                 batch.recheck.add(trace_id)

@@ -85,6 +85,8 @@ TABLES: tuple[Retained, ...] = (
     Retained("spans", "start_ns", by_trace=True),
     Retained("engine_steps", "start_ns"),
     Retained("gpu_samples", "ts_ns"),
+    Retained("engine_starts", "start_ns"),
+    Retained("unmatched_traces", "start_ns"),
 )
 
 #: One transaction each: a table, or the tables of a trace together.  `kept_traces`

@@ -19,6 +19,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from tokentrace.analyzer.engine_starts import EngineStart
 from tokentrace.analyzer.engine_steps import EngineStep
 from tokentrace.analyzer.spans import Span
 from tokentrace.analyzer.summary import COLUMNS, RequestSummary
@@ -93,6 +94,18 @@ class KeptTrace:
 
 
 @dataclass(slots=True)
+class UnmatchedTrace:
+    """A trace that matched no span convention (no request, no start-up, no engine steps):
+    what the report's coverage counts and names by its root span."""
+
+    trace_id: str
+    start_ns: int
+    service: str
+    root_name: str
+    span_count: int
+
+
+@dataclass(slots=True)
 class WriteBatch:
     """What one decision round hands to the writer."""
 
@@ -101,6 +114,9 @@ class WriteBatch:
     late_spans: list[Span] = field(default_factory=list)
     engine_steps: list[EngineStep] = field(default_factory=list)
     gpu_samples: list[dict[str, Any]] = field(default_factory=list)
+    #: engine start-ups (their traces are kept whole, in `kept`)
+    engine_starts: list[EngineStart] = field(default_factory=list)
+    unmatched: list[UnmatchedTrace] = field(default_factory=list)
     #: ITL histogram counts of `requests[i]` where a decode worker computed them
     #: (None: compute here); ignored unless as long as `requests`
     itl_counts: list[list[int] | None] = field(default_factory=list)
@@ -112,14 +128,16 @@ class WriteBatch:
     def __bool__(self) -> bool:
         return bool(
             self.requests or self.kept or self.late_spans or self.engine_steps or self.gpu_samples
-        )
+            or self.engine_starts or self.unmatched
+        )  # fmt: skip
 
     def row_count(self) -> int:
         """Gives how many rows the batch holds, as the writer counts them: each request
-        summary, kept trace (with its spans), late span, engine step or GPU sample one."""
+        summary, kept trace (with its spans), late span, engine step, GPU sample, engine
+        start or unmatched trace one."""
         return (
             len(self.requests) + len(self.kept) + len(self.late_spans) + len(self.engine_steps)
-            + len(self.gpu_samples)
+            + len(self.gpu_samples) + len(self.engine_starts) + len(self.unmatched)
         )  # fmt: skip
 
 
@@ -196,11 +214,16 @@ def _pieces(batch: WriteBatch) -> list[WriteBatch]:
         *(WriteBatch(late_spans=[s]) for s in batch.late_spans),
         *(WriteBatch(engine_steps=[st]) for st in batch.engine_steps),
         *(WriteBatch(gpu_samples=[g]) for g in batch.gpu_samples),
+        *(WriteBatch(engine_starts=[e], recheck=batch.recheck) for e in batch.engine_starts),
+        *(WriteBatch(unmatched=[u], recheck=batch.recheck) for u in batch.unmatched),
     ]  # fmt: skip
 
 
 def _rows(batch: WriteBatch) -> list[object]:
-    return [*batch.requests, *batch.kept, *batch.late_spans, *batch.engine_steps, *batch.gpu_samples]
+    return [
+        *batch.requests, *batch.kept, *batch.late_spans, *batch.engine_steps, *batch.gpu_samples,
+        *batch.engine_starts, *batch.unmatched,
+    ]  # fmt: skip
 
 
 def _rollback(conn: duckdb.DuckDBPyConnection, original: BaseException, quiet: bool = False) -> None:
@@ -227,6 +250,10 @@ def _describe(piece: WriteBatch) -> str:
         return f"kept trace {piece.kept[0].trace_id}"
     if piece.late_spans:
         return f"late span of trace {piece.late_spans[0].trace_id}"
+    if piece.engine_starts:
+        return f"engine start of trace {piece.engine_starts[0].trace_id}"
+    if piece.unmatched:
+        return f"unmatched trace {piece.unmatched[0].trace_id}"
     return "engine step" if piece.engine_steps else "GPU sample"
 
 
@@ -615,12 +642,13 @@ class Writer:
         conn.execute("BEGIN TRANSACTION")
         try:
             requests, spans, samples, steps, stored = self._write_rows(conn, items)
+            notes = _write_trace_notes(conn, items)
             conn.execute("COMMIT")
         except Exception as exc:
             # logged once an outage, not at every retry
             _rollback(conn, exc, quiet=self._store_error is not None)
             raise
-        self.rows_written += len(requests) + len(spans) + len(steps) + len(samples)
+        self.rows_written += len(requests) + len(spans) + len(steps) + len(samples) + notes
         self.requests_written += len(requests)
         self.spans_written += len(spans)
         self.gpu_samples_written += len(samples)
@@ -699,3 +727,40 @@ class Writer:
             conn.execute(f"INSERT INTO gpu_samples ({names}) SELECT {names} FROM _new_gpu")  # noqa: S608 - fixed keys from the metrics decoder
             conn.unregister("_new_gpu")
         return requests, spans, samples, steps, stored
+
+
+
+def _write_trace_notes(conn: duckdb.DuckDBPyConnection, items: list[WriteBatch]) -> int:
+    """Inserts the batches' engine starts and unmatched traces in the caller's transaction,
+    one row a trace: not those of re-sent traces the store holds already (the first copy
+    wins, as `stored.StoredRows` has it for the other tables); gives the rows inserted."""
+    recheck = set().union(*(b.recheck for b in items))
+    tables: tuple[tuple[str, list[dict[str, Any]]], ...] = (
+        ("engine_starts", [
+            {"trace_id": e.trace_id, "service": e.service, "instance": e.instance,
+             "start_ns": e.start_ns, "end_ns": e.end_ns, "phases": e.phases_json()}
+            for b in items for e in b.engine_starts
+        ]),
+        ("unmatched_traces", [asdict(u) for b in items for u in b.unmatched]),
+    )  # fmt: skip
+    written = 0
+    for table, rows in tables:
+        again = [r["trace_id"] for r in rows if r["trace_id"] in recheck]
+        stored: set[str] = set()
+        if again:
+            conn.register("_again", pa.table({"trace_id": again}))
+            sql = f"SELECT DISTINCT trace_id FROM {table} SEMI JOIN _again USING (trace_id)"  # noqa: S608 - fixed names
+            stored = {t for (t,) in conn.execute(sql).fetchall()}
+            conn.unregister("_again")
+        new: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            if r["trace_id"] not in stored:
+                new.setdefault(r["trace_id"], r)
+        if not new:
+            continue
+        conn.register("_new_notes", pa.Table.from_pylist(list(new.values())))
+        names = ", ".join(next(iter(new.values())))
+        conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _new_notes")  # noqa: S608 - fixed names
+        conn.unregister("_new_notes")
+        written += len(new)
+    return written

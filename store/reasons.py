@@ -25,6 +25,9 @@ REASON_P99_ITL = "p99_itl"
 REASON_P99_WARMUP = "p99_warmup"
 #: Kept whole because the analyzer or the sampler failed on it (the pipeline's fallback).
 REASON_UNSUMMARIZED = "unsummarized"
+#: Kept whole because it is an engine's start-up (vLLM's: loading weights, allocating the KV
+#: cache), the cold-start evidence; it yields no request, and an `engine_starts` row.
+REASON_ENGINE_START = "engine_start"
 
 #: The request-summary field watched by each p99 reason.
 P99_MEASURES: tuple[tuple[str, str], ...] = (
@@ -36,8 +39,10 @@ P99_MEASURES: tuple[tuple[str, str], ...] = (
     ("network_ms", REASON_P99_NETWORK),
     ("itl_max_ms", REASON_P99_ITL),
 )
-#: Every reason the sampler decides (REASON_UNSUMMARIZED is the pipeline's, not a policy's).
+#: Every reason the sampler decides (PIPELINE_REASONS are the pipeline's, not a policy's).
 ALL_REASONS: tuple[str, ...] = (
     REASON_ERROR, REASON_SLO, *(r for _, r in P99_MEASURES), REASON_RULE, REASON_P99_WARMUP,
     REASON_BASELINE, REASON_DROPPED,
 )  # fmt: skip
+#: The reasons the pipeline keeps a trace for before or instead of asking the sampler.
+PIPELINE_REASONS: tuple[str, ...] = (REASON_UNSUMMARIZED, REASON_ENGINE_START)

@@ -28,6 +28,12 @@ engine_steps
     `requests.request_id`: who shared a batch with whom.
 gpu_samples
     One row per NVML sample, each with its own timestamp (kept whole).
+engine_starts
+    One row per engine start-up trace (vLLM's: its spans are kept whole): the
+    instance, its start and end, and `phases` (JSON: span name -> ms).
+unmatched_traces
+    One row per trace that matched no span convention (no request, no start-up,
+    no engine step): its root span's name and span count, for the report's coverage.
 """
 
 from __future__ import annotations

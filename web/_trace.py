@@ -54,6 +54,8 @@ KEPT_REASONS: dict[str, str] = {
     reasons.REASON_P99_WARMUP: "one of its service, model and route's first requests, before there is a p99 to judge it by",
     reasons.REASON_BASELINE: "picked at random by the baseline sample",
     UNSUMMARIZED: "the analyzer could not summarize it, so its spans were kept to look at",
+    reasons.REASON_ENGINE_START: "it is an engine's start-up (loading the model, allocating the KV cache): "
+    "the cold-start evidence, kept whole",
 }
 #: What a kept trace's weight is (the adjusted count of tail sampling), said after the reason.
 KEPT_WEIGHT = "Its weight is how many requests it stands for: 1 / the chance it had of being kept."

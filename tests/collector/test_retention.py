@@ -16,13 +16,14 @@ from collector_testkit import LiveCollector, start_live
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from otlp_traces import T0, new_id, request_trace, to_protobuf
 
+from tokentrace.analyzer.engine_starts import EngineStart
 from tokentrace.analyzer.engine_steps import EngineStep
 from tokentrace.analyzer.spans import Span
 from tokentrace.cli import build_parser
 from tokentrace.collector.collector import Collector
 from tokentrace.collector.retention import TABLES, Retention, check_schema, parse_duration
 from tokentrace.collector.settings import CollectorSettings, resolve
-from tokentrace.collector.writer import KeptTrace, WriteBatch
+from tokentrace.collector.writer import KeptTrace, UnmatchedTrace, WriteBatch
 from tokentrace.instrumentation import semconv as sc
 from tokentrace.store.connection import open_db
 
@@ -185,6 +186,12 @@ def test_a_pass_deletes_old_rows_of_every_table_and_keeps_new_ones(
     assert w.submit_wait(WriteBatch(engine_steps=[_step(OLD), _step(OLD + 1), _step(now)]))
     # a kept-trace row with no spans stored, decided long ago: dated by its decision
     assert w.submit_wait(WriteBatch(kept=[KeptTrace(new_id(16), "rule", 1.0, OLD, [])]))
+    # an engine's start-up and a trace of no known convention, old and new
+    assert w.submit_wait(WriteBatch(
+        engine_starts=[EngineStart(new_id(16), "llm", "pid 1", t, t + 10**9, {"Load weights": 9.0})
+                       for t in (OLD, now)],
+        unmatched=[UnmatchedTrace(new_id(16), t, "app", "llm.request", 3) for t in (OLD, now)],
+    ))  # fmt: skip
     live.settle()
 
     cutoff = now - 7 * DAY_NS
@@ -199,12 +206,13 @@ def test_a_pass_deletes_old_rows_of_every_table_and_keeps_new_ones(
 
     after = _counts(live, cutoff)
     assert after["spans"] == (1, before["spans"][1])  # only the straddling trace's old span stays
-    for table in ("requests", "itl_hist", "engine_steps", "gpu_samples"):
+    for table in ("requests", "itl_hist", "engine_steps", "gpu_samples", "engine_starts", "unmatched_traces"):
         assert after[table] == (0, before[table][1]), (table, before, after)  # old gone, new all here
     # kept_traces go by their trace (old traces are decided now): by trace id below
     assert deleted["requests"] == 3 and deleted["itl_hist"] == 3
     assert deleted["spans"] == 3 * 6 and deleted["kept_traces"] == 4  # 3 old traces + the orphan row
     assert deleted["engine_steps"] == 2 and deleted["gpu_samples"] == 2
+    assert deleted["engine_starts"] == 1 and deleted["unmatched_traces"] == 1
     assert retention.deleted_total == deleted
     # every new request is still there, and every kept trace of them has all its spans
     assert sorted(r[0] for r in live.rows("SELECT trace_id FROM requests")) == sorted(new_trace_ids)
@@ -214,7 +222,7 @@ def test_a_pass_deletes_old_rows_of_every_table_and_keeps_new_ones(
     }
     assert spans_before[straddling] == 7
     assert any(
-        "retention: deleted 32 rows" in r.getMessage() and "requests 3" in r.getMessage() for r in caplog.records
+        "retention: deleted 34 rows" in r.getMessage() and "requests 3" in r.getMessage() for r in caplog.records
     ), [r.getMessage() for r in caplog.records]
     assert retention.run_pass() == {t.table: 0 for t in TABLES}  # idempotent
 
