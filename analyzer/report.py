@@ -14,7 +14,8 @@ from typing import Any
 import duckdb
 
 from tokentrace.analyzer import queries
-from tokentrace.analyzer.diagnosis import diagnose
+from tokentrace.analyzer.diagnosis import Context, diagnose
+from tokentrace.analyzer.diagnosis.coverage import coverage, read_signals
 from tokentrace.analyzer.filters import Filters
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 
@@ -177,8 +178,10 @@ def timeline(
 
 
 def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> dict[str, Any]:
-    """Gives the report of the window: requests, latency, buckets, findings."""
+    """Gives the report of the window: requests, latency, buckets, findings, coverage."""
     filters = filters or Filters()
+    ctx = Context(conn, filters)
+    signals = read_signals(ctx)
     cols, rows = run_query(conn, "latency_percentiles", filters)
     r = dict(zip(cols, rows[0], strict=False))
     e2e_total = r["e2e_total"] or 0.0
@@ -228,7 +231,9 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
             "approximate": {"itl": itl_approximate},
         },
         "buckets": buckets,
-        "findings": diagnose(conn, filters) if r["requests"] else [],
+        "findings": diagnose(ctx, signals) if r["requests"] else [],
+        # what the window's traces could show, and what they could not (docs/report.md)
+        "coverage": coverage(ctx, signals),
         # chart data (html report, web explorer)
         "timeline": timeline(conn, filters, int((r["last_start_ns"] or 0) - (r["first_start_ns"] or 0)))
         if r["requests"]

@@ -1,7 +1,8 @@
 """The diagnosis: a window of requests in, findings in the complaint table's words out.
 
-One module per signal (docs/design.md §5).  `diagnose` runs them all, drops the
-ones that do not apply, and ranks the rest by confidence × impact.
+One module per signal (docs/design.md §5).  `diagnose` runs those the window's data can
+check (`coverage.NEEDS`: never a complaint whose defining contrast the data lacks), drops
+the ones that do not apply, and ranks the rest by confidence × impact.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from tokentrace.analyzer.diagnosis._base import (
     Finding,
     pick_examples,
 )
-from tokentrace.analyzer.filters import Filters
+from tokentrace.analyzer.diagnosis.coverage import Signals, checks, read_signals
 
-__all__ = ["COMPLAINTS", "FIX_FIRST", "SIGNALS", "TITLES", "Finding", "diagnose"]
+__all__ = ["COMPLAINTS", "FIX_FIRST", "SIGNALS", "TITLES", "Context", "Finding", "diagnose"]
 
 logger = logging.getLogger("tokentrace.analyzer")
 
@@ -65,18 +66,18 @@ _SUBSUMED_FACTOR = 0.6
 #: one heavy tenant's work is what the rest wait behind.  Those lead; the saturation
 #: stays visible below them.  (batch_mode_breaks_live: see `_one_story_per_queue`.)
 _SATURATION_EXPLAINED_BY = (gpu_saturation.COMPLAINT, kv_cache.COMPLAINT, big_tenants.COMPLAINT)
-#: Share of bad_in_production's high-load requests that peak_hours' busy slices also name,
-#: from which the two are one story (see `_one_story_per_queue`).
-_SAME_REQUESTS = 0.5
 
 
-def diagnose(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None) -> list[dict[str, Any]]:
-    """Gives the findings of the window, most important first (empty when healthy)."""
-    ctx = Context(conn, filters or Filters())
+def diagnose(ctx: Context, signals: Signals | None = None) -> list[dict[str, Any]]:
+    """Gives the findings of the window, most important first (empty when healthy); only
+    complaints its `signals` (read here when not given) can check are looked for."""
     if ctx.count < MIN_REQUESTS:
         return []
+    checkable = {c.complaint for c in checks(signals or read_signals(ctx)) if c.checkable}
     found: list[Finding] = []
     for name, detect in SIGNALS:
+        if name not in checkable:
+            continue
         try:
             finding = detect(ctx)
         except duckdb.Error:
@@ -99,14 +100,8 @@ def diagnose(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None) ->
 
 def _one_story_per_queue(found: list[Finding]) -> list[Finding]:
     """Drops the second telling of one queue.  docs/design.md §5 gives `peak_hours` the time
-    story (busy slices against the rest) and `bad_in_production` the environment story,
-    with low against high concurrency standing in where the traces carry no usable
-    environments.  Both stand-ins read the same slices of one window, so:
+    story (busy slices against the rest) and `bad_in_production` the environment story, so:
 
-    - `bad_in_production` by load adds nothing when the requests it names are mostly
-      the ones peak_hours' busy slices name: the same queue under the same load, with
-      the same example traces.  peak_hours says more (when, how many more arrivals), and
-      its fix already says to cap concurrency, so bad_in_production is skipped;
     - a `peak_hours` found without quiet slices (saturated throughout) is the same queue
       bad_in_production shows when it compares environments: production saturated,
       the other environment not.  That comparison is the better evidence (it says
@@ -127,11 +122,8 @@ def _one_story_per_queue(found: list[Finding]) -> list[Finding]:
     by = {f.complaint: f for f in found}
     peak, prod = by.get(peak_hours.COMPLAINT), by.get(bad_in_production.COMPLAINT)
     drop: list[Finding] = []
-    if peak is not None and prod is not None:
-        if prod.basis == "load" and _named_also(prod, peak) >= _SAME_REQUESTS:
-            drop.append(prod)
-        if peak.basis == "saturated" and prod.basis == "environment":
-            drop.append(peak)
+    if peak is not None and prod is not None and peak.basis == "saturated":
+        drop.append(peak)
     if peak is not None and peak.basis == "saturated" and batch_mode.COMPLAINT in by:
         drop.append(peak)
     tiny = by.get(tiny_prompts.COMPLAINT)
@@ -143,10 +135,3 @@ def _one_story_per_queue(found: list[Finding]) -> list[Finding]:
         drop.append(slow)
     return [f for f in found if not any(f is d for d in drop)]
 
-
-def _named_also(f: Finding, other: Finding) -> float:
-    """Gives the share of `f`'s affected requests that `other` names too."""
-    if not f.affected_trace_ids:
-        return 0.0
-    theirs = set(other.affected_trace_ids)
-    return sum(1 for t in f.affected_trace_ids if t in theirs) / len(f.affected_trace_ids)

@@ -89,7 +89,7 @@ class Finding:
     #: throughout has no peak hours); None: TITLES'.  The complaint id stays the same.
     title: str | None = None
     #: which comparison the finding rests on, where a signal has more than one (peak_hours:
-    #: "contrast" or "saturated"; bad_in_production: "environment" or "load"): `diagnose`
+    #: "contrast" or "saturated"; stutter: decode_batch.BASIS): `diagnose`
     #: uses it to tell one queue's story once.  Not part of the report.
     basis: str | None = None
 

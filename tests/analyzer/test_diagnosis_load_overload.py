@@ -6,8 +6,9 @@ wait), and 117 ms hiccups beside prefills.  peak_hours needs quiet slices to con
 the busy ones with, gpu_saturation needs GPU samples: the report's only finding was
 the hiccups, and it said nothing of ten seconds of queueing.
 
-Also here: bad_in_production's evidence about environments says what the traces
-carry, it does not retell peak_hours' queue, and peak_hours says how long its peak is.
+Also here: bad_in_production is found only between environments the traces name (issue
+22: load levels within one deployment are no "fine locally, bad in production"), the
+report's coverage says what the traces lack instead, and peak_hours says how long its peak is.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from __future__ import annotations
 import heapq
 import random
 import re
+from typing import Any
 
 from tokentrace.analyzer.buckets import NS_PER_MS
-from tokentrace.analyzer.diagnosis import bad_in_production, peak_hours
+from tokentrace.analyzer.diagnosis import peak_hours
 from tokentrace.analyzer.diagnosis._base import Context
 from tokentrace.analyzer.engine_steps import EngineStep
 from tokentrace.analyzer.filters import Filters
@@ -204,7 +206,7 @@ def test_saturation_in_production_only_is_told_by_environment(write_workload) ->
     assert "peak_hours" not in _by_complaint(findings)
 
 
-# --- 2. bad_in_production: what the traces carry, and no second telling of peak_hours -----------
+# --- 2. bad_in_production: only between environments; otherwise the coverage says why ---------
 
 
 def _with_environments(w: Workload, *names: str) -> Workload:
@@ -213,36 +215,39 @@ def _with_environments(w: Workload, *names: str) -> Workload:
     return w
 
 
-def test_one_environment_is_named_not_denied(write_workload) -> None:  # type: ignore[no-untyped-def]
-    conn = write_workload(_with_environments(workloads.peak_hours(), "staging"))
-    f = bad_in_production.detect(Context(conn, Filters()))
-    assert f is not None
-    text = f.evidence[1]["text"]
-    assert "no deployment.environment" not in text, text
-    assert "only one environment (staging) on the traces, so load levels stand in" in text, text
+def _missing(report: dict[str, Any], complaint: str) -> str:
+    (check,) = [c for c in report["coverage"]["complaints"] if c["complaint"] == complaint]
+    assert not check["checkable"], check
+    return str(check["missing"])
+
+
+def test_one_environment_is_no_contrast(write_workload) -> None:  # type: ignore[no-untyped-def]
+    report = build_report(write_workload(_with_environments(workloads.peak_hours(), "staging")))
+    assert "bad_in_production" not in _by_complaint(report["findings"])
+    missing = _missing(report, "bad_in_production")
+    assert "only one environment (staging) on the traces" in missing, missing
+    assert "deployment.environment.name" in missing
 
 
 def test_environments_without_production_are_named(write_workload) -> None:  # type: ignore[no-untyped-def]
-    conn = write_workload(_with_environments(workloads.peak_hours(), "staging", "dev"))
-    f = bad_in_production.detect(Context(conn, Filters()))
-    assert f is not None
-    text = f.evidence[1]["text"]
-    assert "no production among the traces' environments (" in text, text
-    assert "staging" in text and "dev" in text
+    report = build_report(write_workload(_with_environments(workloads.peak_hours(), "staging", "dev")))
+    assert "bad_in_production" not in _by_complaint(report["findings"])
+    missing = _missing(report, "bad_in_production")
+    assert "no production among the traces' environments (" in missing, missing
+    assert "staging" in missing and "dev" in missing
 
 
-def test_no_environment_still_says_so(write_workload) -> None:  # type: ignore[no-untyped-def]
-    findings = build_report(write_workload(workloads.tenant_bursts()))["findings"]
-    f = _by_complaint(findings)["bad_in_production"]
-    assert "no deployment.environment on the traces, so load levels stand in" in f["evidence"][1]["text"]
+def test_no_environment_says_what_would_decide_it(write_workload) -> None:  # type: ignore[no-untyped-def]
+    # one tenant's bursts load the server: a load contrast, but no deployment contrast
+    report = build_report(write_workload(workloads.tenant_bursts()))
+    assert "bad_in_production" not in _by_complaint(report["findings"])
+    missing = _missing(report, "bad_in_production")
+    assert missing.startswith("no deployment.environment on the traces: tag"), missing
 
 
-def test_the_load_contrast_is_not_told_twice(write_workload) -> None:  # type: ignore[no-untyped-def]
+def test_the_load_contrast_is_peak_hours_alone(write_workload) -> None:  # type: ignore[no-untyped-def]
     conn = write_workload(_with_environments(workloads.peak_hours(), "staging"))
-    # on its own, the load comparison holds: the busy slices are the loaded ones ...
-    assert bad_in_production.detect(Context(conn, Filters())) is not None
     findings = build_report(conn)["findings"]
-    # ... but they are peak_hours' requests, with its example traces: one finding tells it
     assert [f["complaint"] for f in findings] == ["peak_hours"], findings
 
 
