@@ -9,20 +9,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokentrace.analyzer.spans import Span, _warned, list_attr, logger
-from tokentrace.analyzer.trace_view import INSTANCE_KEYS
+from tokentrace.analyzer.trace_view import instance_of
 from tokentrace.instrumentation import semconv as sc
 
 
 @dataclass(slots=True)
 class EngineStep:
+    """One scheduler step.  A count its engine does not give (TGI's prefill tokens and
+    queue depth, a step the SDK was told no queue depth for) is None, never 0: unknown
+    is not zero, and the queries skip it (docs/conventions.md)."""
+
     service: str
     instance: str
     start_ns: int
     duration_us: int
-    prefill_tokens: int
-    decode_seqs: int
-    batch_size: int
-    queue_depth: int
+    prefill_tokens: int | None
+    decode_seqs: int | None
+    batch_size: int | None
+    queue_depth: int | None
     kv_usage: float | None = None
     gpu_us: int | None = None
     request_ids: list[str] = field(default_factory=list)
@@ -63,11 +67,12 @@ def _int(value: Any, default: int) -> int:
     return value if -_BIGINT <= value < _BIGINT else default  # type: ignore[no-any-return]
 
 
-def _count(value: Any) -> int:
-    """Gives a count element (tokens, sequences, queue depth): 0, as unmeasured, when it
-    is none, below zero or beyond the INTEGER column (like FLAG_IMPOSSIBLE_COUNT)."""
-    number = _int(value, 0)
-    return number if 0 <= number <= _MAX_COUNT else 0
+def _count(value: Any) -> int | None:
+    """Gives a count element (tokens, sequences, queue depth): None, not measured, when
+    it is none, below zero (the SDK sends -1 for unknown) or beyond the INTEGER column
+    (like FLAG_IMPOSSIBLE_COUNT)."""
+    number = _int(value, -1)
+    return number if 0 <= number <= _MAX_COUNT else None
 
 
 def _known(value: Any) -> float | None:
@@ -79,33 +84,71 @@ def _known(value: Any) -> float | None:
     return number if 0 <= number < _BIGINT else None  # NaN and inf fail the comparison too
 
 
-#: TGI's batch traces: a root `batch` span (`batch_size`) whose `prefill` / `decode`
-#: children are the forward steps of that batch (`size` = sequences in it).
+#: TGI's batch traces (backends/v3/src/queue.rs `next_batch`, backend.rs `batching_task`):
+#: a root `batch` span (`batch_size`: the sequences in it) holds one step, the backend's
+#: `prefill` or `decode` (no fields of its own), below which the sharded client's
+#: `prefill` / `decode` (and each shard's) carry `size`.  Older routers put `size` on the
+#: step itself.
 TGI_BATCH = "batch"
-TGI_STEPS = ("prefill", "decode")
+TGI_BATCH_SIZE = "batch_size"
+TGI_SIZE = "size"
+TGI_PREFILL = "prefill"
+TGI_DECODE = "decode"
+TGI_STEPS = (TGI_PREFILL, TGI_DECODE)
 
 
 def _tgi_batch_steps(spans: Sequence[Span]) -> list[EngineStep]:
-    batches = {s.span_id for s in spans if s.name == TGI_BATCH and "batch_size" in s.attributes}
-    steps = []
+    batches = {
+        s.span_id: s
+        for s in spans
+        if s.name == TGI_BATCH and (TGI_BATCH_SIZE in s.attributes or not s.parent_span_id)
+    }
+    if not batches:
+        return []
+    children: dict[str, list[Span]] = {}
     for s in spans:
-        if s.name not in TGI_STEPS or s.parent_span_id not in batches:
-            continue
-        size = _count(s.attributes.get("size", s.attributes.get("batch_size", 0)))
-        steps.append(
-            EngineStep(
-                service=s.service_name,
-                instance=next((str(s.resource[k]) for k in INSTANCE_KEYS if k in s.resource), ""),
-                start_ns=s.start_ns,
-                duration_us=s.duration_ns // 1000,
-                # TGI does not record prefill token counts; the step kind is still known
-                prefill_tokens=0,
-                decode_seqs=size if s.name == "decode" else 0,
-                batch_size=size,
-                queue_depth=0,
+        if s.name in TGI_STEPS:
+            children.setdefault(s.parent_span_id, []).append(s)
+    steps = []
+    for batch_id, batch in batches.items():
+        for s in children.get(batch_id, ()):
+            size = _tgi_size(s, children, batch)
+            steps.append(
+                EngineStep(
+                    service=s.service_name,
+                    instance=instance_of({}, s.resource)[0],
+                    start_ns=s.start_ns,
+                    duration_us=s.duration_ns // 1000,
+                    # a decode step prefills nothing; TGI counts no prefill tokens nor
+                    # queue depth, and a prefill step of a model that chunks also decodes
+                    # the running batch (how many: unknown)
+                    prefill_tokens=0 if s.name == TGI_DECODE else None,
+                    decode_seqs=size if s.name == TGI_DECODE else None,
+                    batch_size=size,
+                    queue_depth=None,
+                )
             )
-        )
     return steps
+
+
+def _tgi_size(step: Span, children: Mapping[str, list[Span]], batch: Span) -> int | None:
+    """Gives the sequences in a TGI step: its own `size`, else the sharded client's span
+    below it (the first of its kind that has one, the nearest first), else the batch's
+    `batch_size`; None when none says (a count is never read as 0 for want of one)."""
+    if TGI_SIZE in step.attributes:
+        return _count(step.attributes[TGI_SIZE])
+    seen = {step.span_id}
+    level = [c for c in children.get(step.span_id, ()) if c.name == step.name]
+    while level:
+        for c in level:
+            if TGI_SIZE in c.attributes:
+                return _count(c.attributes[TGI_SIZE])
+        seen.update(c.span_id for c in level)
+        level = [
+            g for c in level for g in children.get(c.span_id, ())
+            if g.name == step.name and g.span_id not in seen
+        ]  # fmt: skip
+    return _count(batch.attributes.get(TGI_BATCH_SIZE))
 
 
 #: The most steps read from one `tokentrace.engine.steps` span.  The SDK sends at most
@@ -232,7 +275,7 @@ def extract_engine_steps(spans: Sequence[Span]) -> list[EngineStep]:
                 sc.STEP_QUEUE_DEPTH,
             )
         )
-        instance = next((str(span.resource[k]) for k in INSTANCE_KEYS if k in span.resource), "")
+        instance = instance_of({}, span.resource)[0]
         unplaced = 0
         for i, start in enumerate(starts):
             # Any sender may write these lists: a value that is no number loses its
@@ -250,10 +293,11 @@ def extract_engine_steps(spans: Sequence[Span]) -> list[EngineStep]:
                     instance=instance,
                     start_ns=start_ns,
                     duration_us=_int(_at(durations, i, 0), 0),
-                    prefill_tokens=_count(_at(prefills, i, 0)),
-                    decode_seqs=_count(_at(decodes, i, 0)),
-                    batch_size=_count(_at(sizes, i, 0)),
-                    queue_depth=_count(_at(queues, i, 0)),
+                    # a list that is short or absent: that count is unknown, not 0
+                    prefill_tokens=_count(_at(prefills, i, None)),
+                    decode_seqs=_count(_at(decodes, i, None)),
+                    batch_size=_count(_at(sizes, i, None)),
+                    queue_depth=_count(_at(queues, i, None)),
                     kv_usage=_known(_at(kvs, i, -1)),
                     gpu_us=None if gpu is None else int(gpu),
                     request_ids=[_unescaped_id(r) for r in str(ids).split(",") if r],

@@ -46,9 +46,11 @@ DEVICE_WAIT_NS = 2_000_000_000
 #  request_ids, kv_usage, gpu_us, tally), from `record_step`.  An `EngineStep`
 # is queued itself and read by the flusher (`EngineStep.record`): its raw
 # request-id list (batch_size 0, kv_usage possibly None); de-duplicating,
-# joining and converting are the flusher's work, not the scheduler's.
+# joining and converting are the flusher's work, not the scheduler's.  A count
+# given as None is unknown: sent as -1.
 _StepRecord = tuple[
-    int, int, int, int, int, int, str | list[str], float | None, int, DeviceTally | None
+    int, int, int | None, int | None, int | None, int | None, str | list[str], float | None,
+    int, DeviceTally | None,
 ]
 _time_ns = time.time_ns
 _monotonic_ns = time.monotonic_ns
@@ -135,7 +137,7 @@ class StepRecorder(QueueFlusher["_StepRecord | EngineStep"]):
         tracer = runtime.get_tracing().tracer
         gpu_us: list[int] = []
         fwd_host_us: list[int] = []
-        batch_size: list[int] = []
+        batch_size: list[int | None] = []
         request_ids: list[str] = []
         kv_usage: list[float] = []
         for rec in batch:
@@ -173,10 +175,11 @@ class StepRecorder(QueueFlusher["_StepRecord | EngineStep"]):
             semconv.STEP_DURATION_US: pack(
                 [(e - s) // 1000 for s, e in zip(starts, ends, strict=True)]
             ),
-            semconv.STEP_PREFILL_TOKENS: pack(_ints([r[2] for r in batch], "prefill tokens", 0)),
-            semconv.STEP_DECODE_SEQS: pack(_ints([r[3] for r in batch], "decode_seqs", 0)),
-            semconv.STEP_BATCH_SIZE: pack(_ints(batch_size, "batch_size", 0)),
-            semconv.STEP_QUEUE_DEPTH: pack(_ints([r[5] for r in batch], "queue_depth", 0)),
+            # a count not given (None) or no number is sent as -1: unknown, not 0
+            semconv.STEP_PREFILL_TOKENS: pack(_ints([r[2] for r in batch], "prefill tokens", -1)),
+            semconv.STEP_DECODE_SEQS: pack(_ints([r[3] for r in batch], "decode_seqs", -1)),
+            semconv.STEP_BATCH_SIZE: pack(_ints(batch_size, "batch_size", -1)),
+            semconv.STEP_QUEUE_DEPTH: pack(_ints([r[5] for r in batch], "queue_depth", -1)),
             semconv.STEP_REQUEST_IDS: pack(request_ids),
             semconv.STEP_KV_USAGE: pack(kv_usage),
             semconv.STEP_GPU_US: pack(_ints(gpu_us, "gpu_us", -1)),
@@ -211,7 +214,10 @@ def _only_ints(values: list[Any]) -> bool:
 
 
 def _to_int(value: Any, field: str, unknown: int) -> int:
-    """Gives `value` as an int (a count handed over as "3" or 3.0), `unknown` when it is none."""
+    """Gives `value` as an int (a count handed over as "3" or 3.0), `unknown` when it is
+    None (not given: no word logged) or no number."""
+    if value is None:
+        return unknown
     try:
         return int(value)
     except (TypeError, ValueError, OverflowError):  # that field is lost, not the step
@@ -314,7 +320,7 @@ class EngineStep(DeviceTally):
     def __init__(
         self,
         *,
-        queue_depth: int = 0,
+        queue_depth: int | None = None,
         kv_usage: float | None = None,
         decode: Iterable[str] = (),
         tokens: TokenBatch | None = None,
@@ -479,10 +485,10 @@ def record_step(
     *,
     start_ns: int,
     end_ns: int,
-    prefill_tokens: int,
-    decode_seqs: int,
-    batch_size: int,
-    queue_depth: int,
+    prefill_tokens: int | None,
+    decode_seqs: int | None,
+    batch_size: int | None,
+    queue_depth: int | None,
     request_ids: Sequence[str] = (),
     kv_usage: float | None = None,
     gpu_us: int | None = None,
@@ -490,7 +496,8 @@ def record_step(
     """Records one step measured by the caller (times from `time.time_ns()`); an append.
 
     The values are checked and converted by the flusher, off the caller's
-    thread: one that is not a number is logged once and sent as unknown.
+    thread: one that is not a number is logged once and sent as unknown, as is a
+    count given as None (the engine does not know it).
     """
     if request_ids.__class__ is str:
         ids = request_ids  # one id (or ids already joined by ","), not its characters

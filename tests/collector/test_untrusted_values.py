@@ -184,10 +184,11 @@ def test_engine_step_values_beyond_their_columns_are_not_measured() -> None:
     })  # fmt: skip
     steps = extract_engine_steps([span])
     assert [s.start_ns for s in steps] == [t, t + 1, t + 3]  # 2**63 ns is no time: no step
-    assert [s.prefill_tokens for s in steps] == [0, 2**31 - 1, 0]
-    assert [s.decode_seqs for s in steps] == [0, 4, 6]
-    assert [s.batch_size for s in steps] == [0, 8, 0]
-    assert [s.queue_depth for s in steps] == [0, 0, 3]
+    # a count that cannot be one is not measured: NULL, not 0 (a real empty queue)
+    assert [s.prefill_tokens for s in steps] == [None, 2**31 - 1, None]
+    assert [s.decode_seqs for s in steps] == [None, 4, 6]
+    assert [s.batch_size for s in steps] == [None, 8, None]
+    assert [s.queue_depth for s in steps] == [None, 0, 3]
     assert [s.duration_us for s in steps] == [0, 10, -10]
     assert [s.gpu_us for s in steps] == [None, 9, None]
 
@@ -201,7 +202,7 @@ def test_tgi_batch_sizes_beyond_integer_are_not_measured() -> None:
              kind=1, start_ns=10, end_ns=2000, attributes={"size": size})  # fmt: skip
         for i, size in enumerate(sizes)
     ]
-    assert [s.batch_size for s in extract_engine_steps([batch, *children])] == [0, 0, 7]
+    assert [s.batch_size for s in extract_engine_steps([batch, *children])] == [None, None, 7]
 
 
 def test_an_engine_step_count_beyond_integer_at_a_live_collector(live: Any) -> None:
@@ -220,7 +221,7 @@ def test_an_engine_step_count_beyond_integer_at_a_live_collector(live: Any) -> N
     assert r.status_code == 200
     later = to_json(request_trace(service="later"))
     assert httpx.post(f"{live.http}/v1/traces", json=later, timeout=10).status_code == 200
-    assert live.rows("SELECT service, prefill_tokens FROM engine_steps") == [("engine", 0)]
+    assert live.rows("SELECT service, prefill_tokens FROM engine_steps") == [("engine", None)]
     assert live.rows("SELECT service FROM requests") == [("later",)]
     assert live.collector.writer.write_errors == 0
 

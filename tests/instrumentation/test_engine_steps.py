@@ -140,3 +140,18 @@ def test_serve_stores_a_steps_forward_host_time(serve_sdk) -> None:  # type: ign
     assert [r[0] for r in rows] == [["req-f"], ["req-g"]]
     assert rows[0][1] >= 3000 and rows[0][2] is None
     assert rows[1][1:] == (None, None)
+
+
+def test_a_count_the_engine_does_not_give_is_unknown_not_zero(memory_sdk) -> None:  # type: ignore[no-untyped-def]
+    with tt.engine_step(decode=["req-a"]):  # no queue_depth: the engine did not say
+        pass
+    tt.record_step(start_ns=T0, end_ns=T0 + 1000, prefill_tokens=None, decode_seqs=None,
+                   batch_size=None, queue_depth=None, request_ids=["req-b"])  # fmt: skip
+    span = memory_sdk.spans(sc.SPAN_ENGINE_STEPS)[0]
+    assert sc.unpack_list(span.attributes[sc.STEP_QUEUE_DEPTH]) == [-1, -1]
+    first, second = extract_engine_steps(decode_protobuf(memory_sdk.otlp_bytes()))
+    # what the step itself counted is known; what nobody gave is None, stored as NULL
+    assert (first.prefill_tokens, first.decode_seqs, first.batch_size) == (0, 1, 1)
+    assert first.queue_depth is None
+    assert (second.prefill_tokens, second.decode_seqs, second.batch_size) == (None, None, None)
+    assert second.queue_depth is None

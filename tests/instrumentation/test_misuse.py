@@ -72,7 +72,7 @@ def test_step_counts_handed_over_as_strings_are_converted(memory_sdk, caplog) ->
     assert (first[sc.STEP_QUEUE_DEPTH], first[sc.STEP_PREFILL_TOKENS]) == (3, 16)
     assert first[sc.STEP_KV_USAGE] == 0.5
     # what is no number at all is logged once and sent as unknown, the step kept
-    assert (second[sc.STEP_QUEUE_DEPTH], second[sc.STEP_KV_USAGE]) == (0, -1.0)
+    assert (second[sc.STEP_QUEUE_DEPTH], second[sc.STEP_KV_USAGE]) == (-1, -1.0)
     logged = _warnings(caplog)
     assert any("queue_depth" in m for m in logged)
     assert any("kv_usage is not finite (nan" in m for m in logged)
