@@ -213,17 +213,26 @@ def _cmd_import(args: argparse.Namespace) -> int:
     settings = resolve({"db": args.db, "baseline": args.baseline})
     keep_store_private(settings.db)
     counts = import_files(settings, args.files)
-    print(
-        f"imported {counted(counts['spans'], 'span')} from {counted(counts['files'], 'file')}: "
-        f"{counted(counts['requests'], 'request')}, {counted(counts['kept_traces'], 'trace')} kept "
-        f"whole → {settings.db}"
-    )
-    if counts["already_stored"]:
+    read = f"imported {counted(counts['spans'], 'span')} from {counted(counts['files'], 'file')}"
+    already = counts["already_stored"]
+    new = counts["requests"] - already
+    before = "(this file, or a copy of its spans, imported before)"
+    if already and not new and not counts["kept_traces"]:
         print(
-            f"  {counts['already_stored']:,} of these requests were in the database already (this "
-            "file, or a copy of its spans, imported before): kept once, as first stored"
+            f"{read}: nothing new was stored ({counted(already, 'request')}, in the database "
+            f"already {before}) → {settings.db}"
         )
-    if counts["kept_traces"] < counts["traces"] and settings.baseline < 1:
+        return 0
+    print(
+        f"{read}: {counted(new, 'new request' if already else 'request')}, "
+        f"{counted(counts['kept_traces'], 'trace')} kept whole → {settings.db}"
+    )
+    if already:
+        print(
+            f"  {already:,} more {'was' if already == 1 else 'were'} in the database already "
+            f"{before}: kept once, as first stored"
+        )
+    elif counts["kept_traces"] < counts["traces"] and settings.baseline < 1:
         print(
             f"  the spans of {counted(counts['traces'] - counts['kept_traces'], 'trace')} were not "
             f"kept (tail sampling: unremarkable, baseline {settings.baseline}); every request "

@@ -45,12 +45,16 @@ def import_files(settings: CollectorSettings, paths: Iterable[Path]) -> dict[str
     finally:
         collector.close()  # writes what is queued: the writer's counts are final after it
     stats = collector.pipeline.stats
+    writer = collector.writer
     return {
         "files": files,
         "spans": spans,
+        # every request read, stored now or before
         "requests": stats.requests_summarized,
         "traces": stats.traces_decided,
-        "kept_traces": stats.traces_kept,
+        # traces kept whole by this import; one the database held already is not again
+        "kept_traces": stats.traces_kept - writer.kept_already_stored,
         # re-sent copies of requests the database held already (the first copy wins)
-        "already_stored": collector.writer.requests_already_stored,
+        "already_stored": writer.requests_already_stored,
+        "kept_already_stored": writer.kept_already_stored,
     }

@@ -88,6 +88,8 @@ class StoredRows:
     span_ids: dict[str, set[str]] = field(default_factory=dict)
     requests_left_out: int = 0
     spans_left_out: int = 0
+    #: kept traces not written as kept: the store held the trace (kept, or its summary)
+    kept_left_out: int = 0
 
     @classmethod
     def read(
@@ -164,6 +166,7 @@ class StoredRows:
             if aligned:
                 counts.append(batch.itl_counts[i])
         self.requests_left_out += len(batch.requests) - len(requests)
+        self.kept_left_out += len(batch.kept) - len(kept)
         self.spans_left_out += (
             len(batch.late_spans) + sum(len(k.spans) for k in batch.kept)
             - len(late) - sum(len(k.spans) for k in kept)

@@ -280,6 +280,8 @@ class Writer:
         #: rows of re-sent traces left out because the store held them already
         self.requests_already_stored = 0
         self.spans_already_stored = 0
+        #: traces decided kept that the store held already: not kept whole again
+        self.kept_already_stored = 0
         #: the latest start (unix ns) of a request or a kept span stored before this
         #: writer opened the store (0: none): a trace that started later cannot have
         #: been written before (`Pipeline` rechecks only the ones that started earlier)
@@ -655,6 +657,7 @@ class Writer:
         if stored is not None:
             self.requests_already_stored += stored.requests_left_out
             self.spans_already_stored += stored.spans_left_out
+            self.kept_already_stored += stored.kept_left_out
         self.last_write_seconds = time.perf_counter() - t0
         if self._on_write is not None:
             self._on_write(self.last_write_seconds)

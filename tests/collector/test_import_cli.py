@@ -41,6 +41,25 @@ def test_import_with_baseline_one_keeps_it_whole_and_says_nothing_more(tmp_path:
     assert "1 request, 1 trace kept whole" in out and "not kept" not in out
 
 
+def test_a_second_import_says_what_was_new(tmp_path: Path) -> None:
+    first = _import(tmp_path, "--baseline", "1")
+    assert "1 request, 1 trace kept whole" in first
+    again = _import(tmp_path, "--baseline", "1")
+    # the trace was kept whole the first time: not again, and nothing new was stored
+    assert "nothing new was stored (1 request, in the database already" in again, again
+    assert "kept whole" not in again
+    more = tmp_path / "more.json"
+    more.write_text(json.dumps(to_json(request_trace())))
+    out = subprocess.run(
+        [sys.executable, "-m", "tokentrace", "import", str(tmp_path / "one.json"), str(more),
+         "--db", str(tmp_path / "t.duckdb"), "--baseline", "1"],
+        capture_output=True, text=True, timeout=120, check=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("TOKENTRACE_")},
+    ).stdout  # fmt: skip
+    assert "2 files: 1 new request, 1 trace kept whole" in out, out
+    assert "1 more was in the database already" in out
+
+
 def test_requests_cut_short_by_head_stops_quietly(tmp_path: Path) -> None:
     """`tokentrace requests | head -1` printed `[Errno 32] Broken pipe` and failed."""
     path = tmp_path / "many.json"
