@@ -35,6 +35,8 @@ span, the root's finish reason reading `["abort"]`: both make it an error.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
 from tokentrace.analyzer.conventions._common import (
@@ -78,6 +80,8 @@ FINISH_ABORT = "abort"
 RID = "rid"
 BOOTSTRAP_ROOM = "bootstrap_room"
 ROOM_SPAN = "Bootstrap Room"
+#: Whose attributes speak for a disaggregated request: the decode server's, which answers.
+_ANSWERS = {ROLE_DECODE: 0, "": 1, ROLE_PREFILL: 2}
 #: The thread spans' machine (`host_id`, the first 8 characters in their names).
 HOST_ID = "host_id"
 HOST_IN_NAME = "(host:"
@@ -94,9 +98,10 @@ def summarize(trace: TraceView) -> list[s.RequestSummary]:
     if not roots:
         return []
     # disaggregated prefill/decode roots of one request arrive in one trace: one summary
+    pairs = _pairs_by_caller(trace, roots)
     by_key: dict[str, list[Span]] = {}
     for r in roots:
-        by_key.setdefault(_group_key(trace, r), []).append(r)
+        by_key.setdefault(_group_key(trace, r, pairs), []).append(r)
     groups = list(by_key.values())
     for group in groups:
         group.sort(key=lambda x: x.start_ns)
@@ -149,10 +154,24 @@ def _role(root: Span) -> str:
     return parsed[0] if parsed else ""
 
 
-def _group_key(trace: TraceView, root: Span) -> str:
+def _pairs_by_caller(trace: TraceView, roots: list[Span]) -> set[str]:
+    """Gives the parent span ids under which exactly one `prefill` and one `decode` root
+    hang, neither with a bootstrap room: the load balancer sent the one request to both
+    servers with its one traceparent (mini_lb.py, the model gateway's
+    `inject_trace_context_http`), and their rids differ when the client sent none."""
+    roles: dict[str, list[str]] = {}
+    for r in roots:
+        role = _role(r)
+        if role and r.parent_span_id and _room(r.attributes.get(BOOTSTRAP_ROOM)) is None:
+            roles.setdefault(r.parent_span_id, []).append(role)
+    return {p for p, found in roles.items() if sorted(found) == [ROLE_DECODE, ROLE_PREFILL]}
+
+
+def _group_key(trace: TraceView, root: Span, pairs: Collection[str] = ()) -> str:
     """Gives what ties the roots of one request: the bootstrap room when there is
     one (prefill and decode servers each make their own rid when the client sent
-    none), else the rid8 of the name, else the span itself.
+    none), else the rid8 of the name when the roots share it, else their caller's
+    span where it holds one prefill and one decode root (`pairs`), else the span.
 
     The room is on the root (`"0x…"`, python/sglang/srt/observability/trace.py
     `trace_req_start`), or, in releases that put a `Bootstrap Room 0x…` span
@@ -164,6 +183,8 @@ def _group_key(trace: TraceView, root: Span) -> str:
         room = _room(parent.attributes.get(BOOTSTRAP_ROOM))
     if room is not None:
         return f"room:{room}"
+    if _role(root) and root.parent_span_id in pairs:
+        return f"caller:{root.parent_span_id}"
     return f"rid:{_rid8(root)}" if _rid8(root) else f"span:{root.span_id}"
 
 
@@ -213,7 +234,10 @@ def _summarize(trace: TraceView, roots: list[Span], sides: Sides) -> s.RequestSu
     prefills = [x for x in slices if x.name == SLICE_PREFILL and x.parent_span_id not in decoding]
     rd = ValueReader()
     flags: list[str] = []
-    e2e_ns = rd.seconds_ns(_attr(roots, E2E))
+    # what the request's attributes say (TTFT, tokens, ids) is the decode server's first:
+    # it answers the user; the prefill server made one token, which the user never saw
+    told = sorted(roots, key=lambda r: _ANSWERS.get(_role(r), 1))
+    e2e_ns = rd.seconds_ns(_attr(told, E2E))
     if e2e_ns is not None and len(roots) == 1 and not agree(e2e_ns, roots[0].duration_ns):
         flags.append(s.FLAG_SOURCES_DISAGREE)
     names = {x.name for x in slices}
@@ -230,18 +254,18 @@ def _summarize(trace: TraceView, roots: list[Span], sides: Sides) -> s.RequestSu
         queue_wait_ns = _slice_ns(slices, SLICE_PREFILL_WAIT) + _slice_ns(
             by_role.get(ROLE_DECODE, []), SLICE_DECODE_WAIT
         )
-        attr_queue = rd.seconds_ns(_attr(roots, QUEUE))
+        attr_queue = rd.seconds_ns(_attr(told, QUEUE))
         if attr_queue is not None and SLICE_PREFILL_WAIT in names and not agree(
             attr_queue, _slice_ns(slices, SLICE_PREFILL_WAIT)
         ):
             flags.append(s.FLAG_SOURCES_DISAGREE)
     else:
         flags.append(s.FLAG_NO_TOKEN_TIMES)
-        queue_wait_ns = rd.seconds_ns(_attr(roots, QUEUE)) or 0
+        queue_wait_ns = rd.seconds_ns(_attr(told, QUEUE)) or 0
         # the prefill attribute includes the queue wait (SGLang sends no time_in_queue:
         # then the wait cannot be told from the prefill, and reads as prefill)
-        prefill_ns = max(0, (rd.seconds_ns(_attr(roots, PREFILL)) or 0) - queue_wait_ns)
-        decode_ns = rd.seconds_ns(_attr(roots, DECODE))
+        prefill_ns = max(0, (rd.seconds_ns(_attr(told, PREFILL)) or 0) - queue_wait_ns)
+        decode_ns = rd.seconds_ns(_attr(told, DECODE))
     client = sides.client
     part = partition(
         # an outer server span (a router's, an HTTP server's) where it holds the request
@@ -252,8 +276,14 @@ def _summarize(trace: TraceView, roots: list[Span], sides: Sides) -> s.RequestSu
         queue_wait_ns=queue_wait_ns,
         tokenize_ns=_slice_ns(slices, SLICE_TOKENIZE),
     )
-    output_tokens = rd.count(_attr(roots, COMPLETION_TOKENS))
-    ttft_ns = rd.seconds_ns(_attr(roots, TTFT))
+    output_tokens = rd.count(_attr(told, COMPLETION_TOKENS))
+    ttft_ns = rd.seconds_ns(_attr(told, TTFT))
+    if ttft_ns is not None and len(roots) > 1 and TTFT in told[0].attributes:
+        # the decode root's TTFT runs from its own start: from the request's (the first
+        # root's) where both share a clock; across machines the skew is not known
+        hosts = {_host(trace, r) for r in roots}
+        if len(hosts) == 1 and "" not in hosts:
+            ttft_ns += told[0].start_ns - roots[0].start_ns
     if ttft_ns is None and len(roots) == 1:
         if prefills and made_a_token([*roots, *below], output_tokens):
             # the end of prefill stands in for the first token, of a request that made one
@@ -263,12 +293,12 @@ def _summarize(trace: TraceView, roots: list[Span], sides: Sides) -> s.RequestSu
         roots[0],
         part,
         source=NAME,
-        request_id=str(_attr(roots, REQUEST_ID) or _attr(roots, RID) or _rid8(roots[0]) or roots[0].span_id),
+        request_id=str(_attr(told, REQUEST_ID) or _attr(told, RID) or _rid8(told[0]) or told[0].span_id),
         related=roots[1:],
         client=client,
         server=sides.server,
         ttft_ms=None if ttft_ns is None else ttft_ns / NS_PER_MS,
-        prompt_tokens=rd.count(_attr(roots, PROMPT_TOKENS)),
+        prompt_tokens=rd.count(_attr(told, PROMPT_TOKENS)),
         output_tokens=output_tokens,
         flags=flags,
         reader=rd,
