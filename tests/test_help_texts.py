@@ -181,6 +181,7 @@ def test_tokentrace_help_ends_with_a_quick_start() -> None:
         assert said in quick, said
 
 
+@pytest.mark.slow
 def test_serve_says_what_to_do_next_once_it_is_up(tmp_path: Path) -> None:
     from tt_testkit import start_serve
 

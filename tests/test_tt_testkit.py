@@ -63,6 +63,7 @@ def test_free_port_on_ipv6_never_gives_a_port_given_on_ipv4(
     assert Kernel.families == [socket.AF_INET] + [socket.AF_INET6] * 3
 
 
+@pytest.mark.slow
 def test_start_serve_starts_again_on_new_ports_when_one_was_taken(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

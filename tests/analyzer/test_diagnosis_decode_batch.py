@@ -11,6 +11,8 @@ from __future__ import annotations
 import random
 from collections import deque
 
+import pytest
+
 from tokentrace.analyzer.buckets import NS_PER_MS
 from tokentrace.analyzer.diagnosis import decode_batch
 from tokentrace.analyzer.engine_steps import EngineStep
@@ -150,6 +152,7 @@ def test_a_batch_that_costs_little_per_sequence_is_no_finding(write_workload) ->
     assert _finding(w, write_workload, name="no_steps.duckdb") is None
 
 
+@pytest.mark.slow
 def test_batch_jobs_that_fill_the_batch_stay_batch_mode(write_workload) -> None:  # type: ignore[no-untyped-def]
     # live TPOT triples while batch jobs share the decode batch: batch_mode_breaks_live tells
     # it, with its own fix; the same batch told again as stutter would be one story twice

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tokentrace.analyzer.filters import Filters
 from tokentrace.analyzer.report import build_report
 
 from . import workloads
 
 
+@pytest.mark.slow
 def test_cpu_contention_is_not_stutter(write_workload) -> None:  # type: ignore[no-untyped-def]
     w = workloads.cpu_contention()
     stalled = sum(1 for s in w.requests if s.stall_count)
@@ -21,6 +24,7 @@ def _complaints(conn, filters: Filters | None = None) -> list[str]:  # type: ign
     return [f["complaint"] for f in build_report(conn, filters)["findings"]]
 
 
+@pytest.mark.slow
 def test_one_cold_request_on_one_instance_is_no_cold_start(write_workload) -> None:  # type: ignore[no-untyped-def]
     conn = write_workload(workloads.two_services())
     # the other service's pods must not count towards this service's instances
@@ -31,6 +35,7 @@ def test_one_cold_request_on_one_instance_is_no_cold_start(write_workload) -> No
     assert "cold_start" in _complaints(conn)
 
 
+@pytest.mark.slow
 def test_batch_mode_evidence_leads_with_the_deciding_measure(write_workload) -> None:  # type: ignore[no-untyped-def]
     findings = build_report(write_workload(workloads.batch_slows_decode()))["findings"]
     assert findings and findings[0]["complaint"] == "batch_mode_breaks_live", findings
@@ -44,6 +49,7 @@ def test_batch_mode_evidence_leads_with_the_deciding_measure(write_workload) -> 
     assert ttft["text"].index("TTFT") > ttft["text"].index("queue wait")
 
 
+@pytest.mark.slow
 def test_queue_for_every_prompt_size_is_not_tiny_prompts_slow(write_workload) -> None:  # type: ignore[no-untyped-def]
     w = workloads.steady_overload()
     tiny = sorted(w.requests, key=lambda s: s.prompt_tokens or 0)[: len(w.requests) // 4]
@@ -65,6 +71,7 @@ def test_one_tenants_bursts_are_not_peak_hours(write_workload) -> None:  # type:
     assert found and found[0] == "big_tenants_slower", found
 
 
+@pytest.mark.slow
 def test_stutter_beside_prefills_below_the_biggest(write_workload) -> None:  # type: ignore[no-untyped-def]
     w = workloads.stutter_few_giants()
     findings = build_report(write_workload(w))["findings"]
@@ -75,6 +82,7 @@ def test_stutter_beside_prefills_below_the_biggest(write_workload) -> None:  # t
     assert linked["stalled_with_large_prefill"] > linked["smooth_with_large_prefill"] + 0.15
 
 
+@pytest.mark.slow
 def test_another_replicas_prefills_explain_no_stalls(write_workload) -> None:  # type: ignore[no-untyped-def]
     # engine steps were joined to streams by time only: i1's prefills "explained" i0's
     # mild freezes, and the evidence said "in the same engine"
@@ -82,6 +90,7 @@ def test_another_replicas_prefills_explain_no_stalls(write_workload) -> None:  #
     assert not any(f["complaint"] == "stutter" for f in findings), findings
 
 
+@pytest.mark.slow
 def test_kv_pressure_names_only_its_own_replicas_requests(write_workload) -> None:  # type: ignore[no-untyped-def]
     # requests were matched to the full KV cache by time only, whichever replica served them
     w = workloads.kv_cache_pressure(other_replica=True)
@@ -99,6 +108,7 @@ def _affected(conn) -> dict[str, tuple[list[str], int]]:  # type: ignore[no-unty
     }
 
 
+@pytest.mark.slow
 def test_affected_requests_are_the_same_for_the_same_data_whatever_the_order(write_workload) -> None:  # type: ignore[no-untyped-def]
     # A finding's affected requests (and the examples taken from them) are its worst first;
     # requests that tie on the measure came in whatever order the scan gave them, so a
@@ -115,6 +125,7 @@ def test_affected_requests_are_the_same_for_the_same_data_whatever_the_order(wri
     assert forward == backward
 
 
+@pytest.mark.slow
 def test_a_finding_says_how_many_requests_it_speaks_of(write_workload) -> None:  # type: ignore[no-untyped-def]
     w = workloads.stutter()
     stalled = sum(1 for s in w.requests if s.stall_count)

@@ -20,6 +20,8 @@ from tokentrace.analyzer.report import build_report
 from . import azure_conv
 from .workloads import Server, Workload, serve, summarize
 
+pytestmark = pytest.mark.slow
+
 
 def _fifo(slots: int, seed: int = 3) -> Workload:
     rng = random.Random(seed)

@@ -18,6 +18,8 @@ import random
 import re
 from typing import Any
 
+import pytest
+
 from tokentrace.analyzer.buckets import NS_PER_MS
 from tokentrace.analyzer.diagnosis import peak_hours
 from tokentrace.analyzer.diagnosis._base import Context
@@ -177,6 +179,7 @@ def test_a_closed_loop_client_keeps_a_steady_backlog(write_workload) -> None:  #
     assert trend["backlog"] == "steady" and "steady backlog" in trend["text"]
 
 
+@pytest.mark.slow
 def test_short_waits_are_not_saturation(write_workload) -> None:  # type: ignore[no-untyped-def]
     # a closed loop of short requests (~120 ms): the queue is most of E2E in every slice,
     # but a person waits less than 250 ms for it: nothing worth a finding
@@ -245,6 +248,7 @@ def test_no_environment_says_what_would_decide_it(write_workload) -> None:  # ty
     assert missing.startswith("no deployment.environment on the traces: tag"), missing
 
 
+@pytest.mark.slow
 def test_the_load_contrast_is_peak_hours_alone(write_workload) -> None:  # type: ignore[no-untyped-def]
     conn = write_workload(_with_environments(workloads.peak_hours(), "staging"))
     findings = build_report(conn)["findings"]
@@ -254,6 +258,7 @@ def test_the_load_contrast_is_peak_hours_alone(write_workload) -> None:  # type:
 # --- 3. peak_hours says how long its peak is ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_peak_evidence_says_how_long_the_peak_and_the_window_are(write_workload) -> None:  # type: ignore[no-untyped-def]
     f = _by_complaint(build_report(write_workload(workloads.peak_hours()))["findings"])["peak_hours"]
     first = f["evidence"][0]

@@ -19,6 +19,8 @@ from . import spanfactory as f
 from . import workloads
 from .workloads import Req, Workload
 
+pytestmark = pytest.mark.slow
+
 
 def _run_pipeline(db: Path, traces: list[list[Span]], w: Workload) -> None:
     writer = Writer(open_db(db))

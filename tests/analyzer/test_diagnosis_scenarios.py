@@ -15,6 +15,7 @@ def test_healthy_window_has_no_finding(write_workload) -> None:  # type: ignore[
     assert report["findings"] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("complaint", sorted(workloads.SCENARIOS))
 def test_scenario_top_finding(write_workload, complaint: str) -> None:  # type: ignore[no-untyped-def]
     w = workloads.SCENARIOS[complaint]()

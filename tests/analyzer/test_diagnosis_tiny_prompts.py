@@ -43,6 +43,7 @@ def _far_users(network_ms: float, seed: int = 11) -> Workload:
     return Workload(summarize(rng, reqs), raw=reqs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("network_ms", [250.0, 600.0])
 def test_a_cross_region_hop_under_long_answers_is_found(write_workload, network_ms: float) -> None:  # type: ignore[no-untyped-def]
     w = _far_users(network_ms)
@@ -59,6 +60,7 @@ def test_a_cross_region_hop_under_long_answers_is_found(write_workload, network_
     assert findings[0]["fix_first"].startswith("Network is ")
 
 
+@pytest.mark.slow
 def test_users_near_a_fast_server_are_not_flagged(write_workload) -> None:  # type: ignore[no-untyped-def]
     # 20 ms of network is most of a 40 ms TTFT: a share past the bar, a wait nobody notices
     w = _far_users(20.0)

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 import duckdb
+import pytest
 
 from tokentrace.analyzer import queries
 from tokentrace.analyzer.buckets import NS_PER_MS
@@ -25,6 +26,8 @@ from tokentrace.web._trace import trace_data
 
 from . import workloads
 from .workloads import T0_NS, S, Server, Workload
+
+pytestmark = pytest.mark.slow
 
 #: prefill tokens of the big steps (the small ones prefill at most 300)
 BIG = 6000

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tokentrace.analyzer.diagnosis._base import Context
 from tokentrace.analyzer.engine_steps import EngineStep, extract_engine_steps
 from tokentrace.analyzer.filters import Filters
@@ -84,6 +86,7 @@ def _store(tmp_path: Path, steps: list[EngineStep], requests: list[RequestSummar
     return open_read_only(db)
 
 
+@pytest.mark.slow
 def test_unknown_batch_sizes_are_stored_null_and_skipped(tmp_path: Path) -> None:
     # 9 of 10 TGI decode steps carry no size (issue 22's held-out traces: 9,084 of 9,584);
     # the one that does decodes 8 sequences. Read as 0, the median batch was 0

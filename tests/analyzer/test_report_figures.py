@@ -101,6 +101,7 @@ def test_tiny_prompts_evidence_figures_add_up(write_workload, name: str) -> None
     assert f["fix_first"].count("region") <= 2, f["fix_first"]
 
 
+@pytest.mark.slow
 def test_tiny_prompts_where_follows_the_time_not_per_bucket_medians(write_workload) -> None:  # type: ignore[no-untyped-def]
     # far-away users and a slow gateway at once: most tiny requests have little network and
     # little queue, so medians per bucket said "network" for a window that loses more to the queue
@@ -147,6 +148,7 @@ def test_reports_say_how_findings_are_ordered_and_when_they_mix_services(write_w
 # --- 5. fix first follows the cause the evidence shows --------------------------------------------
 
 
+@pytest.mark.slow
 def test_stutter_beside_large_prefills_says_chunked_prefill_first(write_workload) -> None:  # type: ignore[no-untyped-def]
     f = _finding(build_report(write_workload(workloads.stutter())), "stutter")
     linked = f["evidence"][1]
@@ -213,6 +215,7 @@ def test_csv_rounding_keeps_the_formula_guard(write_workload) -> None:  # type: 
 # --- 7. singular and plural ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_evidence_and_headers_say_one_thing_in_the_singular(write_workload) -> None:  # type: ignore[no-untyped-def]
     fleet = _finding(build_report(write_workload(workloads.two_services()), Filters(service="fleet")), "cold_start")
     assert fleet["evidence"][0]["text"].startswith("3 cold requests on 3 instances waited "), fleet["evidence"]

@@ -34,6 +34,7 @@ def _report(db: Path, fmt: str, *flags: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_json_is_the_design_contract(db: Path) -> None:
     report = json.loads(_report(db, "json"))
     assert set(report) >= {"requests", "latency", "buckets", "findings"}
@@ -49,6 +50,7 @@ def test_json_is_the_design_contract(db: Path) -> None:
     assert report["timeline"]["points"] and report["itl_histogram"]
 
 
+@pytest.mark.slow
 def test_text_and_markdown_show_the_diagnosis(db: Path) -> None:
     text = _report(db, "text")
     assert "big_tenants_slower" in text and "fix first" in text
@@ -60,6 +62,7 @@ def test_text_and_markdown_show_the_diagnosis(db: Path) -> None:
     assert "<script>" not in md
 
 
+@pytest.mark.slow
 def test_html_is_self_contained_and_escaped(db: Path) -> None:
     page = _report(db, "html")
     assert page.startswith("<!doctype html>")
@@ -81,6 +84,7 @@ def test_empty_database_reports_cleanly(write_workload, tmp_path: Path) -> None:
         assert render(report)
 
 
+@pytest.mark.slow
 def test_every_format_says_which_requests_it_looks_at(db: Path) -> None:
     text = _report(db, "text", "--tenant", "smallco")
     head = text.splitlines()[0]
@@ -103,6 +107,7 @@ def test_the_text_report_writes_seconds_from_one_second() -> None:
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_queue_parts_read_like_the_bucket_shares(db: Path) -> None:
     """The queue line gives each part with one decimal, as the buckets above it and the
     web's diagnosis page do ("queue_wait 18.3 %"), never rounded to a whole percent."""
@@ -115,6 +120,7 @@ def test_the_queue_parts_read_like_the_bucket_shares(db: Path) -> None:
 EVIL_TENANT = "mega\x1b]8;;https://evil.example/\x07corp\x1b[2K\u202e\n       fix first: forged"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["text", "markdown"])
 def test_span_text_cannot_drive_the_terminal_or_forge_lines(write_workload, tmp_path: Path, fmt: str) -> None:  # type: ignore[no-untyped-def]
     w = workloads.big_tenants_slower()

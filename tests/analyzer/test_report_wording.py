@@ -74,6 +74,7 @@ def test_saturation_counted_on_live_traffic_says_so_in_every_sentence(write_work
     assert "interactive requests wait while" in f.fix_lead  # type: ignore[operator]
 
 
+@pytest.mark.slow
 def test_a_peak_counted_on_live_arrivals_says_so(write_workload) -> None:  # type: ignore[no-untyped-def]
     conn = write_workload(_with_batch_jobs(workloads.peak_hours(), per_s=1.0))
     f = peak_hours.detect(Context(conn, Filters()))
@@ -87,6 +88,7 @@ def test_a_peak_counted_on_live_arrivals_says_so(write_workload) -> None:  # typ
     assert alone is not None and not any("interactive" in t for t in _texts(alone))
 
 
+@pytest.mark.slow
 def test_tenants_compared_on_live_traffic_say_so(write_workload) -> None:  # type: ignore[no-untyped-def]
     conn = write_workload(_with_batch_jobs(workloads.big_tenants_slower()))
     f = big_tenants.detect(Context(conn, Filters()))
@@ -96,6 +98,7 @@ def test_tenants_compared_on_live_traffic_say_so(write_workload) -> None:  # typ
     assert "of the interactive tokens across" in volume, volume
 
 
+@pytest.mark.slow
 def test_long_wait_figures_of_some_requests_say_which(write_workload) -> None:  # type: ignore[no-untyped-def]
     w = workloads.long_wait_then_fast()
     for s in w.requests[::4]:  # no first token: a non-streaming answer
@@ -125,6 +128,7 @@ def _findings_html(findings: list[dict[str, Any]]) -> str:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("workload", "shape"),
     [(workloads.steady_overload, "all"), (lambda: _fifo(19), "most"), (lambda: _fifo(20), "bursts")],
@@ -145,6 +149,7 @@ def test_a_saturated_server_is_not_said_to_explode_at_peak_hours(write_workload,
     assert ("peak_hours", TITLES["peak_hours"]) in _format.CHECKS
 
 
+@pytest.mark.slow
 def test_a_peak_keeps_the_peak_hours_title(write_workload) -> None:  # type: ignore[no-untyped-def]
     top = build_report(write_workload(workloads.peak_hours()))["findings"][0]
     assert top["complaint"] == "peak_hours" and top["title"] == TITLES["peak_hours"]
@@ -169,6 +174,7 @@ def test_a_large_prefill_bar_comes_from_the_window(p90: int, largest: int, bar: 
     assert stutter.large_prefill(p90, largest) == (bar, basis)
 
 
+@pytest.mark.slow
 def test_stutter_says_a_large_prefill_is_summed_over_the_step_and_taken_from_the_data(write_workload) -> None:  # type: ignore[no-untyped-def]
     f = {x["complaint"]: x for x in build_report(write_workload(workloads.stutter()))["findings"]}["stutter"]
     linked = f["evidence"][1]
@@ -182,6 +188,7 @@ def test_stutter_says_a_large_prefill_is_summed_over_the_step_and_taken_from_the
 # --- 7. tiny prompts: advice the measured split supports, said once ---------------------------------
 
 
+@pytest.mark.slow
 def test_tiny_prompts_advice_follows_the_split(write_workload) -> None:  # type: ignore[no-untyped-def]
     def advice(w: Workload, name: str) -> tuple[str, dict[str, Any]]:
         found = {f["complaint"]: f for f in build_report(write_workload(w, name=name))["findings"]}
@@ -220,6 +227,7 @@ def test_slices_are_counted_apart_from_their_length(seconds: int, n: int, said: 
     assert ctx.slices_counted(n, also) == said
 
 
+@pytest.mark.slow
 def test_saturation_counts_its_slices_apart_from_their_length(write_workload) -> None:  # type: ignore[no-untyped-def]
     first = build_report(write_workload(workloads.steady_overload()))["findings"][0]["evidence"][0]
     assert f"every one of the window's {first['slices']} slices (10 s each; median slice " in first["text"]
@@ -229,6 +237,7 @@ def test_saturation_counts_its_slices_apart_from_their_length(write_workload) ->
 # --- 9. no example trace kept -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_finding_without_kept_traces_says_so_in_every_format(write_workload) -> None:  # type: ignore[no-untyped-def]
     w = workloads.peak_hours()
     for s in w.requests:

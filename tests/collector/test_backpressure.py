@@ -23,6 +23,7 @@ from tokentrace.store.connection import open_db
 PB = {"Content-Type": "application/x-protobuf"}
 
 
+@pytest.mark.slow
 def test_flood_gets_503_then_exporter_retries_land_everything(tmp_path: Path) -> None:
     from collector_testkit import start_live
 

@@ -36,6 +36,7 @@ def _services(live) -> list[str]:  # type: ignore[no-untyped-def]
     return [r[0] for r in live.rows("SELECT service FROM requests ORDER BY service")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("field", "value", "says"),
     [
@@ -66,6 +67,7 @@ def test_protobuf_values_the_store_cannot_hold_reject_the_span_not_the_round(
     assert "good" in _services(live)
 
 
+@pytest.mark.slow
 def test_grpc_status_code_out_of_range_is_rejected(live) -> None:  # type: ignore[no-untyped-def]
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
@@ -80,6 +82,7 @@ def test_grpc_status_code_out_of_range_is_rejected(live) -> None:  # type: ignor
     assert _services(live) == ["good"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("change", "says"),
     [
@@ -108,6 +111,7 @@ def test_json_wrong_values_are_named_and_the_rest_is_kept(live, change, says) ->
     assert "good" in _services(live)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("doc", "says"),
     [
@@ -145,6 +149,7 @@ def test_grpc_malformed_message_is_invalid_argument_with_the_reason(live, servic
     assert _services(live) == ["after"]
 
 
+@pytest.mark.slow
 def test_gzip_with_several_members_is_read_whole(live) -> None:  # type: ignore[no-untyped-def]
     body = json.dumps(to_json(request_trace(service="members"))).encode()
     half = len(body) // 2
@@ -157,6 +162,7 @@ def test_gzip_with_several_members_is_read_whole(live) -> None:  # type: ignore[
     assert _services(live) == ["members"]
 
 
+@pytest.mark.slow
 def test_gzip_with_garbage_after_it_is_refused(live) -> None:  # type: ignore[no-untyped-def]
     body = gzip.compress(json.dumps(to_json(request_trace())).encode()) + b"junk"
     r = httpx.post(
@@ -243,6 +249,7 @@ def test_a_port_in_use_is_named_before_anything_starts(tmp_path) -> None:  # typ
             CollectorServer(settings).start()
 
 
+@pytest.mark.slow
 def test_a_broken_web_package_is_an_error_not_a_missing_ui(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # `None` in sys.modules makes the import fail as a broken module of ours would
     monkeypatch.setitem(sys.modules, "tokentrace.web.app", None)
@@ -303,6 +310,7 @@ def test_engine_step_values_that_are_no_numbers_lose_their_field_not_the_round(
     assert rows == [(T0, 0.5, ["a", "b"]), (T0 + 2_000_000, 0.25, ["a", "b"])]
 
 
+@pytest.mark.slow
 def test_a_trace_the_analyzer_fails_on_is_kept_whole_and_costs_no_other(
     live, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]

@@ -65,6 +65,7 @@ def _store_files(db: Path) -> list[str]:
 # ---- 1. an IPv6 literal ------------------------------------------------------------
 
 
+@pytest.mark.slow
 @needs_ipv6
 @pytest.mark.parametrize("flag", ["--host", "--otlp-host"])
 def test_serve_on_the_ipv6_loopback(tmp_path: Path, flag: str) -> None:
@@ -286,6 +287,7 @@ sys.exit(main(["serve", *args]))
 GRPC_CORE_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flag", "when"),
     [

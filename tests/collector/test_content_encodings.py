@@ -56,6 +56,7 @@ ENCODINGS: dict[str, tuple[str, Callable[[bytes], bytes]]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content_type", ["protobuf", "json"])
 @pytest.mark.parametrize("name", list(ENCODINGS))
 def test_each_encoding_lands_the_export(name: str, content_type: str, live: LiveCollector) -> None:
@@ -76,6 +77,7 @@ def test_each_encoding_lands_the_export(name: str, content_type: str, live: Live
     assert live.rows("SELECT trace_id FROM requests") == [(spans[0].trace_id,)]
 
 
+@pytest.mark.slow
 def test_the_sdk_exporter_with_deflate_lands_its_spans(live: LiveCollector) -> None:
     exporter = OTLPSpanExporter(endpoint=f"{live.http}/v1/traces", compression=Compression.Deflate)
     provider = TracerProvider(resource=Resource.create({"service.name": "vllm"}))
@@ -100,6 +102,7 @@ BOMBS: dict[str, tuple[str, Callable[[bytes], bytes]]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(BOMBS))
 def test_a_body_that_decompresses_past_the_bound_is_413(name: str, tmp_path: Path) -> None:
     coding, compress = BOMBS[name]
@@ -122,6 +125,7 @@ def test_a_body_that_decompresses_past_the_bound_is_413(name: str, tmp_path: Pat
         stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(BOMBS))
 def test_decompressing_a_bomb_holds_about_the_bound(name: str) -> None:
     coding, compress = BOMBS[name]
@@ -139,6 +143,7 @@ def test_decompressing_a_bomb_holds_about_the_bound(name: str) -> None:
     assert peak < 3 * limit, f"{peak / MiB:.1f} MiB held to refuse a {limit / MiB:.0f} MiB bound"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("coding", "body", "says"),
     [

@@ -103,6 +103,7 @@ def _rows(conn: Any, sql: str) -> list[tuple[Any, ...]]:
     return conn.execute(sql).fetchall()
 
 
+@pytest.mark.slow
 def test_packed_and_in_process_paths_store_the_same_rows(make_rig: Any, clock: Any) -> None:
     """Same exports through both paths, including spans of one trace split over
     two exports (the worker's summary then no longer covers the trace)."""
@@ -139,6 +140,7 @@ def test_packed_and_in_process_paths_store_the_same_rows(make_rig: Any, clock: A
     assert plain.pipeline.stats.traces_decided == via_pool.pipeline.stats.traces_decided
 
 
+@pytest.mark.slow
 def test_late_packed_spans_follow_the_decision(make_rig: Any, clock: Any) -> None:
     kept, dropped = request_trace(error=True), request_trace()
     pool = _ready_pool(min_bytes=0)
@@ -159,6 +161,7 @@ def test_late_packed_spans_follow_the_decision(make_rig: Any, clock: Any) -> Non
     assert stored == [(kept[0].trace_id, len(kept))]
 
 
+@pytest.mark.slow
 def test_a_dead_worker_loses_nothing() -> None:
     spans = _export_spans()
     body = to_protobuf(spans).SerializeToString()
@@ -182,6 +185,7 @@ def test_a_dead_worker_loses_nothing() -> None:
         pool.close()
 
 
+@pytest.mark.slow
 def test_big_exports_never_wait_for_a_worker_to_start() -> None:
     """A worker takes 1-4 s to start (a new interpreter): an export that waited for
     it would outlast the SDK's 3 s timeout, and the SDK would count a batch that
@@ -216,6 +220,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
 def test_serve_stores_big_exports_and_its_worker_dies_with_it(tmp_path: Path) -> None:
     server = start_serve(tmp_path, "--grace-s", "0.05")

@@ -83,6 +83,7 @@ def test_a_packed_step_list_of_a_million_is_read_up_to_the_cap_without_unpacking
     assert {(s.start_ns, s.duration_us) for s in steps} == {(1, 1)}
 
 
+@pytest.mark.slow
 def test_the_steps_of_one_trace_are_capped_however_many_batch_spans_it_holds() -> None:
     trace_id = new_id(16)
     per_span = 4096
@@ -129,6 +130,7 @@ def test_an_unreadable_long_packed_list_loses_the_span_not_the_trace(packed: str
     assert len(es.extract_engine_steps([bad, good])) == 3
 
 
+@pytest.mark.slow
 def test_one_decision_round_hands_the_writer_bounded_batches_of_steps(
     make_rig: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

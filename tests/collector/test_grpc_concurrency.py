@@ -17,6 +17,8 @@ from tt_testkit import start_serve
 
 from tokentrace.collector import grpc_receiver
 
+pytestmark = pytest.mark.slow
+
 MiB = 1024 * 1024
 #: More than the old bound (4 workers x 8 = 32 calls in flight), as several collectors or
 #: a Collector with many consumers send.

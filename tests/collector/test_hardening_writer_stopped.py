@@ -90,6 +90,7 @@ def test_rounds_decided_after_the_writer_stopped_are_logged_once_counted_and_tot
     assert rig.writer.stopped
 
 
+@pytest.mark.slow
 def test_a_round_waiting_for_room_when_the_writer_stops_gives_up_and_says_so(
     make_rig: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

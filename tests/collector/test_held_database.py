@@ -88,6 +88,7 @@ def test_a_second_serve_of_the_file_names_the_first(tmp_path: Path, serve: Serve
     assert serve.proc.poll() is None
 
 
+@pytest.mark.slow
 def test_serve_on_any_web_port_notes_the_port_it_bound(tmp_path: Path) -> None:
     db = tmp_path / "any.duckdb"
     http, grpc = free_port(), free_port()
@@ -152,6 +153,7 @@ def _pause_while_holding(proc: subprocess.Popen[bytes], db: Path) -> bool:
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs /proc (Linux)")
 def test_while_an_import_writes_the_file_report_says_to_wait(tmp_path: Path) -> None:
     export = _export(tmp_path / "many.pb", traces=3000)  # an import of a second or more

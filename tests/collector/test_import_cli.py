@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from otlp_traces import request_trace, to_json
 
 #: a trace id whose 56 random bits are 0: the baseline (kept from the top of the
@@ -27,6 +28,7 @@ def _import(tmp_path: Path, *extra: str, **env: str) -> str:
     return out.stdout
 
 
+@pytest.mark.slow
 def test_import_says_when_sampling_left_a_traces_spans_out(tmp_path: Path) -> None:
     # an unremarkable trace, re-imported as a user would (an explorer's otlp.json export),
     # with no warm-up (which keeps the first requests of a model/route whole)
@@ -36,6 +38,7 @@ def test_import_says_when_sampling_left_a_traces_spans_out(tmp_path: Path) -> No
     assert "--baseline 1 keeps every trace whole" in out
 
 
+@pytest.mark.slow
 def test_import_with_baseline_one_keeps_it_whole_and_says_nothing_more(tmp_path: Path) -> None:
     out = _import(tmp_path, "--baseline", "1")
     assert "1 request, 1 trace kept whole" in out and "not kept" not in out
@@ -60,6 +63,7 @@ def test_a_second_import_says_what_was_new(tmp_path: Path) -> None:
     assert "1 more was in the database already" in out
 
 
+@pytest.mark.slow
 def test_requests_cut_short_by_head_stops_quietly(tmp_path: Path) -> None:
     """`tokentrace requests | head -1` printed `[Errno 32] Broken pipe` and failed."""
     path = tmp_path / "many.json"

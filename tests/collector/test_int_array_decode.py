@@ -3,6 +3,7 @@ per-element upb path gives, and anything that is not a plain int array falls bac
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -48,6 +49,7 @@ def test_plain_int_arrays_match_the_upb_path(arrays: list[list[int]]) -> None:
     assert all(list(s.attributes) == ["tokentrace.token.offsets_us", "after"] for s in spans)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.lists(ELEMENT, min_size=otlp.WIRE_ARRAY_MIN, max_size=40), min_size=1, max_size=4))
 def test_odd_arrays_fall_back_to_the_same_values(arrays: list[list[AnyValue]]) -> None:

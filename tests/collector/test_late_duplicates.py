@@ -65,6 +65,7 @@ def _stored(live: LiveCollector, trace_id: str) -> tuple[int, int, int, int]:
     return spans[0], spans[1], requests[0], kept[0]
 
 
+@pytest.mark.slow
 def test_an_export_retried_after_the_decision_is_stored_once(sent) -> None:  # type: ignore[no-untyped-def]
     live, how = sent
     kept = request_trace(error=True)
@@ -79,6 +80,7 @@ def test_an_export_retried_after_the_decision_is_stored_once(sent) -> None:  # t
         assert live.decoder is not None and live.decoder.offloaded == 2
 
 
+@pytest.mark.slow
 def test_a_late_span_sent_twice_is_stored_once(sent) -> None:  # type: ignore[no-untyped-def]
     live, how = sent
     kept = request_trace(error=True)
@@ -112,6 +114,7 @@ def test_a_dropped_trace_sent_again_is_counted_dropped(live) -> None:  # type: i
     assert 'tokentrace_late_spans_total{kept="false"} 6.0' in metrics
 
 
+@pytest.mark.slow
 def test_a_retry_inside_the_buffer_and_after_the_decision_agree(tmp_path: Path) -> None:
     # the same retried export, once while its trace is buffered and once after:
     # both store the trace's spans once.  A long grace keeps `before` buffered until
@@ -150,6 +153,7 @@ def test_kept_span_ids_are_held_only_with_cached_decisions(make_rig) -> None:  #
     assert rig.pipeline.stats.late_duplicates_dropped == 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offload", [False, True], ids=["in-process", "decode-worker"])
 def test_a_span_twice_in_one_export_is_stored_once(tmp_path: Path, offload: bool) -> None:
     live, stop = start_live(tmp_path, offload=offload)

@@ -18,9 +18,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from tt_testkit import ServeProcess, free_port, start_serve
 
 from tokentrace.store.serve_note import note_path, read_note
+
+pytestmark = pytest.mark.slow
 
 #: Runs `tokentrace serve ARGS` as `python -c LAUNCH NOTE LATE ARGS...`, under the pid
 #: that the killed serve's note names: the note is first made to read as the same

@@ -53,6 +53,7 @@ def _rejected(live: LiveCollector, protocol: str) -> float:
     return sum(float(line[len(key) :]) for line in text.splitlines() if line.startswith(key))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_the_sdk_log_exporters_succeed_and_the_records_are_counted_not_stored(
     protocol: str, live: LiveCollector, caplog: pytest.LogCaptureFixture
@@ -135,6 +136,7 @@ def test_an_empty_log_export_is_a_plain_success(
         assert r.json() == {}
 
 
+@pytest.mark.slow
 def test_a_bad_log_export_is_refused_like_any_export(live: LiveCollector) -> None:
     r = httpx.post(f"{live.http}/v1/logs", content=b"\xff\xff\xff", headers=PB)
     assert r.status_code == 400 and "logs" in Status.FromString(r.content).message

@@ -18,6 +18,8 @@ from test_hardening_writer_stopped import _kill, _one_request, _wait_dead
 
 from tokentrace.analyzer.engine_steps import MAX_STEPS_PER_SPAN
 
+pytestmark = pytest.mark.slow
+
 PB = {"Content-Type": "application/x-protobuf"}
 
 

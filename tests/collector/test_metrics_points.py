@@ -141,6 +141,7 @@ BAD_JSON_POINTS: list[tuple[dict[str, Any], str]] = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fields", "why"), BAD_JSON_POINTS, ids=[w for _, w in BAD_JSON_POINTS])
 def test_a_bad_json_data_point_is_refused_alone(
     tmp_path: Path, fields: dict[str, Any], why: str

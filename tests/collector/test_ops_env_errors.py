@@ -64,6 +64,7 @@ def test_a_flag_error_is_unchanged_and_a_flag_wins_over_a_bad_variable(monkeypat
     assert resolve({"baseline": 0.1}).baseline == 0.1
 
 
+@pytest.mark.slow
 def test_serve_says_which_variable_is_out_of_range(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ENV.values()}
     done = subprocess.run(

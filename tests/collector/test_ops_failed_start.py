@@ -45,6 +45,7 @@ def _fingerprint(db: Path) -> tuple[str, int]:
     return hashlib.sha256(db.read_bytes()).hexdigest(), db.stat().st_mtime_ns
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("busy_flag", FLAGS)
 def test_a_busy_port_leaves_no_database_file(tmp_path: Path, busy_port: int, busy_flag: str) -> None:
     db = tmp_path / "tokentrace.duckdb"
@@ -55,6 +56,7 @@ def test_a_busy_port_leaves_no_database_file(tmp_path: Path, busy_port: int, bus
     assert _store_files(db) == []  # no tokentrace.duckdb, no .wal
 
 
+@pytest.mark.slow
 def test_a_busy_port_leaves_an_existing_database_untouched(tmp_path: Path, busy_port: int) -> None:
     db = tmp_path / "tokentrace.duckdb"
     conn = open_db(db)

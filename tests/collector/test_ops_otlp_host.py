@@ -75,6 +75,7 @@ def _export_over_grpc(target: str) -> None:
         export(to_protobuf(request_trace()).SerializeToString(), timeout=10)
 
 
+@pytest.mark.slow
 @needs_second_loopback
 def test_otlp_receivers_bind_the_otlp_host_and_the_web_ui_the_host(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
@@ -118,6 +119,7 @@ def test_otlp_receivers_bind_the_otlp_host_and_the_web_ui_the_host(
     assert f"web 127.0.0.1:{web_port}" in line
 
 
+@pytest.mark.slow
 @needs_second_loopback
 def test_serve_says_which_address_each_server_binds(tmp_path: Path) -> None:
     http_port, grpc_port, web_port = free_port(), free_port(), free_port()

@@ -29,6 +29,7 @@ MiB = 1024 * 1024
 # ---- (a) an empty export ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/v1/traces", "/v1/metrics"])
 @pytest.mark.parametrize("body", ["{}", '{"unknownField": 1}'])
 def test_an_empty_json_export_is_a_success(path: str, body: str, live: LiveCollector) -> None:
@@ -93,6 +94,7 @@ def _export_of_size(size: int) -> tuple[str, bytes]:
     return spans[0].trace_id, to_protobuf(spans).SerializeToString()
 
 
+@pytest.mark.slow
 def test_the_default_bound_takes_the_20_mib_otlp_recommends(live: LiveCollector) -> None:
     assert CollectorSettings().max_body_bytes == 20 * MiB
     over_16, body = _export_of_size(18 * MiB)
@@ -124,6 +126,7 @@ def _zero_parent_export(how: str) -> tuple[str, Any]:
     return root.trace_id, export
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("how", "offload"),
     [("protobuf", False), ("protobuf", True), ("json", False), ("json", True), ("grpc", False)],
@@ -230,6 +233,7 @@ def test_the_loop_answers_while_a_big_json_export_is_decoded(
     assert result == {"status": 200}
 
 
+@pytest.mark.slow
 def test_a_big_json_export_goes_to_the_decode_worker(tmp_path: Path) -> None:
     live, stop = start_live(tmp_path, offload=True)
     assert live.decoder is not None

@@ -115,6 +115,7 @@ def test_grpc_partial_success_and_invalid_argument(live) -> None:  # type: ignor
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+@pytest.mark.slow
 def test_size_limits(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from collector_testkit import start_live
 
@@ -139,6 +140,7 @@ def test_size_limits(tmp_path) -> None:  # type: ignore[no-untyped-def]
         stop()
 
 
+@pytest.mark.slow
 def test_bad_content_type_and_encoding(live) -> None:  # type: ignore[no-untyped-def]
     r = httpx.post(f"{live.http}/v1/traces", content=b"x", headers={"Content-Type": "text/plain"})
     assert r.status_code == 415
@@ -205,6 +207,7 @@ def test_gpu_metrics_become_one_row_per_gpu_and_timestamp(live) -> None:  # type
 FOREIGN_HOSTS = ("rebind.example:4318", "rebind.example", "127.0.0.1.rebind.example", "127.0.0.1:1@x", "[::1")
 
 
+@pytest.mark.slow
 def test_a_host_of_another_name_may_not_post_traces(live) -> None:  # type: ignore[no-untyped-def]
     """A page whose name is re-pointed at 127.0.0.1 could post made-up traces: refused, stored nothing."""
     body = to_protobuf(request_trace()).SerializeToString()
@@ -225,6 +228,7 @@ def test_a_host_of_another_name_may_not_post_traces(live) -> None:  # type: igno
     assert live.rows("SELECT count(*) FROM requests") == [(3,)]
 
 
+@pytest.mark.slow
 def test_bound_to_another_address_the_receiver_takes_any_host(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from collector_testkit import start_live
     from tt_testkit import ThreadServer

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from collector_testkit import start_live
 from otlp_traces import request_trace, to_json, to_protobuf
 
@@ -42,6 +43,7 @@ def _tokentrace(*args: str) -> str:
     return out.stdout
 
 
+@pytest.mark.slow
 def test_importing_a_file_twice_stores_what_importing_it_once_does(tmp_path: Path) -> None:
     traces = [request_trace() for _ in range(30)] + [request_trace(error=True) for _ in range(3)]
     traces.append(request_trace(attributes={"tokentrace.request.id": ""}))  # matched by its start
@@ -75,6 +77,7 @@ def _post(url: str, spans: list[Span]) -> None:
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.slow
 def test_a_retry_that_reaches_a_new_serve_process_is_stored_once(tmp_path: Path) -> None:
     # the collector restarted between the export it took and the exporter's retry
     kept, dropped = request_trace(error=True), request_trace()

@@ -160,6 +160,7 @@ def kept_all(tmp_path: Path) -> Any:
         stop()
 
 
+@pytest.mark.slow
 def test_a_pass_deletes_old_rows_of_every_table_and_keeps_new_ones(
     kept_all: LiveCollector, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -227,6 +228,7 @@ def test_a_pass_deletes_old_rows_of_every_table_and_keeps_new_ones(
     assert retention.run_pass() == {t.table: 0 for t in TABLES}  # idempotent
 
 
+@pytest.mark.slow
 def test_ingestion_during_passes_keeps_every_accepted_request(kept_all: LiveCollector) -> None:
     """Passes run back to back on the retention cursor while exports (old and new,
     every trace kept: spans and their index appended) are ingested: every new

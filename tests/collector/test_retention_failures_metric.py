@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tt_testkit import start_serve
 
@@ -37,6 +38,7 @@ def _store_refusing_deletes(db: Path) -> None:
         conn.close()
 
 
+@pytest.mark.slow
 def test_a_failed_retention_pass_is_counted_on_metrics(tmp_path: Path) -> None:
     db = tmp_path / "t.duckdb"
     _store_refusing_deletes(db)

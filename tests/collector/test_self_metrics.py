@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from otlp_traces import new_id, request_trace, to_protobuf
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -98,6 +99,7 @@ def test_process_python_and_build_info(live) -> None:  # type: ignore[no-untyped
     assert _value(families, "tokentrace_build_info", version=__version__) == 1
 
 
+@pytest.mark.slow
 def test_no_created_series(live) -> None:  # type: ignore[no-untyped-def]
     _send(live, request_trace())
     live.settle()
@@ -107,6 +109,7 @@ def test_no_created_series(live) -> None:  # type: ignore[no-untyped-def]
     assert not [n for n in names if n.endswith("_created")]
 
 
+@pytest.mark.slow
 def test_model_label_is_capped(live) -> None:  # type: ignore[no-untyped-def]
     models = [f"model-{new_id(6)}" for _ in range(200)]
     for chunk in range(0, 200, 50):
@@ -166,6 +169,7 @@ def test_store_file_sizes_and_writer_capacity(tmp_path: Path) -> None:
         stop()
 
 
+@pytest.mark.slow
 def test_decode_worker_restarts_are_counted(tmp_path: Path) -> None:
     from collector_testkit import start_live
 
@@ -204,6 +208,7 @@ def test_collector_server_reports_its_decode_pool(tmp_path: Path) -> None:
         server.collector.close()
 
 
+@pytest.mark.slow
 def test_the_tail_buffers_bytes_are_exported(tmp_path: Path) -> None:
     from collector_testkit import start_live
 

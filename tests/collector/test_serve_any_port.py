@@ -13,8 +13,10 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 
+@pytest.mark.slow
 def test_serve_on_any_free_port_prints_the_ports_it_bound(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "tokentrace", "serve", "--db", str(tmp_path / "a.duckdb"),
            "--http-port", "0", "--grpc-port", "0", "--web-port", "0"]  # fmt: skip

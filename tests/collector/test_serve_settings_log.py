@@ -15,6 +15,8 @@ from tt_testkit import ServeProcess, free_port, wait_for_port
 
 from tokentrace.store.location import DEFAULT_MEMORY_LIMIT
 
+pytestmark = pytest.mark.slow
+
 
 def _bindable(host: str) -> bool:
     try:

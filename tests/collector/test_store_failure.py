@@ -25,6 +25,8 @@ from tokentrace.analyzer.attribution import summarize_trace
 from tokentrace.collector.writer import WriteBatch, Writer
 from tokentrace.store.connection import open_db
 
+pytestmark = pytest.mark.slow
+
 PB = {"Content-Type": "application/x-protobuf"}
 ENOSPC = "IO Error: Could not write file \"live.duckdb.wal\": No space left on device"
 

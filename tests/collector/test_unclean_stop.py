@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from tt_testkit import ServeProcess, start_serve
 
 from tokentrace.store.serve_note import note_path, read_note
@@ -21,6 +22,7 @@ def _started(serve: ServeProcess) -> ServeProcess:
     raise TimeoutError("serve did not finish starting")
 
 
+@pytest.mark.slow
 def test_the_serve_after_a_killed_one_says_what_was_lost(tmp_path: Path) -> None:
     killed = _started(start_serve(tmp_path))
     killed.proc.kill()

@@ -15,10 +15,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from otlp_traces import request_trace, to_json
 from tt_testkit import serve_port_args, unwritable
 
 from tokentrace.store.connection import open_db
+
+pytestmark = pytest.mark.slow
 
 
 def _up_to_date(tmp_path: Path) -> Path:

@@ -11,6 +11,7 @@ import pytest
 from tokentrace import demo_cli
 
 
+@pytest.mark.slow
 def test_a_port_taken_in_between_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # another program takes a port between the demo's check and the collector's bind:
     # here the check gives a port this test holds, once

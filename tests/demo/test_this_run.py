@@ -62,6 +62,7 @@ def store(tmp_path: Path) -> Iterator[tuple[duckdb.DuckDBPyConnection, Writer]]:
         conn.close()
 
 
+@pytest.mark.slow
 def test_the_wait_does_not_count_an_earlier_runs_requests(
     store: tuple[duckdb.DuckDBPyConnection, Writer],
 ) -> None:

@@ -42,6 +42,7 @@ def _export_line(service: str) -> str:
     return json.dumps(to_json(request_trace(service=service)))
 
 
+@pytest.mark.slow
 def test_report_on_a_duckdb_file_of_another_program(tmp_path: Path) -> None:
     db = tmp_path / "other.duckdb"
     with duckdb.connect(str(db)) as conn:
@@ -50,6 +51,7 @@ def test_report_on_a_duckdb_file_of_another_program(tmp_path: Path) -> None:
         _one_clear_line(_cli(command, "--db", str(db)), "is not a tokentrace database")
 
 
+@pytest.mark.slow
 def test_report_on_an_empty_file(tmp_path: Path) -> None:
     db = tmp_path / "empty.duckdb"
     db.touch()
@@ -61,6 +63,7 @@ def test_until_before_since_is_an_error(tmp_path: Path) -> None:
     _one_clear_line(done, "--until 2026-01-01 is not after --since 2027-01-01")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "content", "says"),
     [
@@ -80,6 +83,7 @@ def test_import_of_a_bad_file_says_what_and_where(
     _one_clear_line(_cli("import", "--db", str(tmp_path / "i.duckdb"), str(bad)), says)
 
 
+@pytest.mark.slow
 def test_import_stopped_by_a_bad_file_says_what_was_imported(tmp_path: Path) -> None:
     good = tmp_path / "good.json"
     good.write_text(_export_line("good"))
@@ -91,6 +95,7 @@ def test_import_stopped_by_a_bad_file_says_what_was_imported(tmp_path: Path) -> 
         assert conn.execute("SELECT service FROM requests").fetchall() == [("good",)]
 
 
+@pytest.mark.slow
 def test_serve_on_a_port_in_use_names_it(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -103,6 +108,7 @@ def test_serve_on_a_port_in_use_names_it(tmp_path: Path) -> None:
     _one_clear_line(done, f"cannot serve OTLP/HTTP on 127.0.0.1:{port}: Address already in use")
 
 
+@pytest.mark.slow
 def test_serve_with_a_nan_setting(tmp_path: Path) -> None:
     done = _cli("serve", "--db", str(tmp_path / "s.duckdb"), "--grace-s", "nan")
     _one_clear_line(done, "grace_s must be a finite number")
@@ -120,6 +126,7 @@ def test_an_unexpected_error_is_one_line(monkeypatch, capsys) -> None:  # type: 
     assert err == "tokentrace report: unexpected KeyError: 'model' (run `tokentrace -v ...` for the traceback)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["import", "serve"])
 def test_writing_into_a_duckdb_file_of_another_program_is_refused(
     tmp_path: Path, command: str

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pyarrow.parquet as pq
+import pytest
 from tt_testkit import start_serve
 
 from tokentrace import instrumentation as tt
@@ -49,6 +50,7 @@ def _serving(tmp_path: Path, service: str, requests: list[tuple[str, str, int]])
         serve.stop()
 
 
+@pytest.mark.slow
 def test_report_by_url_while_serve_holds_the_db(tmp_path: Path) -> None:
     with _serving(tmp_path, "remote-report", [(f"r{i}", "tiny", 2) for i in range(3)]) as serve:
         held = _report("--db", str(serve.db))
@@ -97,6 +99,7 @@ def test_a_note_of_a_serve_that_is_gone_is_ignored(tmp_path: Path) -> None:
     assert read_note(db) is None
 
 
+@pytest.mark.slow
 def test_requests_by_url_while_serve_holds_the_db(tmp_path: Path) -> None:
     sent = [(f"q{i}", "tiny" if i else "other", 1) for i in range(3)]
     with _serving(tmp_path, "remote-requests", sent) as serve:

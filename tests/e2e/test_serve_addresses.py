@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 from tt_testkit import start_serve, wait_for_port
 
 
+@pytest.mark.slow
 def test_an_empty_serve_names_its_own_otlp_addresses(tmp_path: Path) -> None:
     server = start_serve(tmp_path)
     try:

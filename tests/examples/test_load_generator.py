@@ -85,6 +85,7 @@ def test_errors_are_recorded_not_raised(server: ServerHandle) -> None:
         LoadGenerator(server.url, client=httpx.AsyncClient(), client_factory=httpx.AsyncClient)
 
 
+@pytest.mark.slow
 def test_command_line_traces_its_requests_with_otlp_endpoint(
     server: ServerHandle, tmp_path: Path
 ) -> None:

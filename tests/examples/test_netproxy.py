@@ -10,6 +10,8 @@ import pytest
 
 from tokentrace.examples.netproxy import start_proxy
 
+pytestmark = pytest.mark.slow
+
 
 class _Echo(socketserver.BaseRequestHandler):
     def handle(self) -> None:

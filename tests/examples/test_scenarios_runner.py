@@ -24,6 +24,7 @@ SMALL = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_server_port_is_held_before_the_server_runs_and_served_on(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     server = ServerProcess(SMALL, log)

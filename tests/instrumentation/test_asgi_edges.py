@@ -75,6 +75,7 @@ def _traced(url: str) -> bool:
     return bool(httpx.post(url + "/v1/completions").json()["traced"])
 
 
+@pytest.mark.slow
 def test_instrumenting_an_app_that_has_started(memory_sdk, fresh_log_once) -> None:  # type: ignore[no-untyped-def]
     plain = _app()
 

@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import BackgroundTasks, FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
 from opentelemetry.trace import StatusCode
@@ -24,6 +25,8 @@ from tests.instrumentation._http_app import run_app
 from tokentrace import instrumentation as tt
 from tokentrace.instrumentation import _asgi
 from tokentrace.instrumentation import semconv as sc
+
+pytestmark = pytest.mark.slow
 
 
 def _serve(app: FastAPI) -> AbstractContextManager[str]:

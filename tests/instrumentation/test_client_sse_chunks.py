@@ -196,6 +196,7 @@ def _read_async(memory_sdk, url: str, path: str) -> tuple[Any, bytes]:  # type: 
     return span, body
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("read", [_read_sync, _read_async], ids=["sync", "async"])
 @pytest.mark.parametrize("name", ["role_first", "pings", "split", "anthropic"])
 def test_first_chunk_is_the_first_token(memory_sdk, url: str, name: str, read: Any) -> None:  # type: ignore[no-untyped-def]
@@ -213,6 +214,7 @@ def test_first_chunk_is_the_first_token(memory_sdk, url: str, name: str, read: A
     assert end_us - offsets[-1] >= 8_000
 
 
+@pytest.mark.slow
 def test_several_events_in_one_read_get_that_reads_time(memory_sdk, url: str) -> None:  # type: ignore[no-untyped-def]
     span, _ = _read_sync(memory_sdk, url, "/script/one_read")
     offsets = _offsets(span)
@@ -220,6 +222,7 @@ def test_several_events_in_one_read_get_that_reads_time(memory_sdk, url: str) ->
     assert offsets[0] >= AT_LEAST_US
 
 
+@pytest.mark.slow
 def test_a_body_that_is_no_event_stream_keeps_a_chunk_per_read(memory_sdk, url: str) -> None:  # type: ignore[no-untyped-def]
     span, _ = _read_async(memory_sdk, url, "/script/ndjson")
     offsets = _offsets(span)
@@ -234,6 +237,7 @@ def test_a_compressed_event_stream_keeps_a_chunk_per_read(memory_sdk, url: str) 
     assert span.attributes[sc.CLIENT_CHUNKS] >= 1
 
 
+@pytest.mark.slow
 def test_openai_stream_chunks_are_its_tokens(memory_sdk, url: str) -> None:  # type: ignore[no-untyped-def]
     """openai 3 reads through httpx2: a chunk per content delta, the first after the wait
     (its role-only first delta, finish-only and usage-only last chunks are none)."""
@@ -268,6 +272,7 @@ def test_openai_stream_chunks_are_its_tokens(memory_sdk, url: str) -> None:  # t
         assert span.attributes[sc.CLIENT_TTFC_S] >= AT_LEAST_US / 1e6
 
 
+@pytest.mark.slow
 def test_the_manual_path_counts_as_the_wrapper_does(memory_sdk, url: str) -> None:  # type: ignore[no-untyped-def]
     """`cr.sse_line(line)` on every line `aiter_lines()` gives (docs/sdk.md §7) counts the
     chunks the httpx integration counts."""

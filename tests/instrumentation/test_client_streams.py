@@ -6,11 +6,14 @@ import asyncio
 import gc
 
 import httpx
+import pytest
 from tt_testkit import free_port
 
 from tests.instrumentation._http_app import make_app, run_app
 from tokentrace import instrumentation as tt
 from tokentrace.instrumentation import semconv as sc
+
+pytestmark = pytest.mark.slow
 
 
 def _client_spans(memory_sdk, count: int) -> list:  # type: ignore[no-untyped-def,type-arg]

@@ -152,6 +152,7 @@ def _timed(fn):  # type: ignore[no-untyped-def]
 # ---- shutdown, force_flush, configure: bounded with the collector down ------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("collector", ["black_hole", "refused"])
 def test_shutdown_is_bounded_with_the_collector_down(collector: str, request) -> None:  # type: ignore[no-untyped-def]
     url = request.getfixturevalue("black_hole").url if collector == "black_hole" else _refused_url()
@@ -161,6 +162,7 @@ def test_shutdown_is_bounded_with_the_collector_down(collector: str, request) ->
     assert took < BOUND_S
 
 
+@pytest.mark.slow
 def test_force_flush_honours_its_timeout_and_says_it_did_not_finish(black_hole) -> None:  # type: ignore[no-untyped-def]
     tracing = tt.configure(endpoint=black_hole.url, service_name="flush")
     _requests()
@@ -171,6 +173,7 @@ def test_force_flush_honours_its_timeout_and_says_it_did_not_finish(black_hole) 
     assert took < BOUND_S
 
 
+@pytest.mark.slow
 def test_a_second_configure_does_not_wait_on_the_dead_collector(black_hole) -> None:  # type: ignore[no-untyped-def]
     tt.configure(endpoint=black_hole.url, service_name="first")
     _requests()
@@ -189,6 +192,7 @@ def test_a_second_configure_does_not_wait_on_the_dead_collector(black_hole) -> N
     assert took < BOUND_S
 
 
+@pytest.mark.slow
 def test_export_failures_drop_spans_early_and_export_resumes_when_it_answers(caplog) -> None:  # type: ignore[no-untyped-def]
     """While the collector is unreachable spans are dropped at once (counted, logged
     once), not kept in the full queue; it is tried again, and what comes after it
@@ -228,6 +232,7 @@ def test_export_failures_drop_spans_early_and_export_resumes_when_it_answers(cap
 # ---- the collector up: everything still arrives ----------------------------------
 
 
+@pytest.mark.slow
 def test_a_healthy_collector_still_gets_every_span_at_shutdown(receiver) -> None:  # type: ignore[no-untyped-def]
     tt.configure(endpoint=receiver.url, service_name="healthy")
     _requests(3_000)  # ~6 000 spans: most still queued when shutdown() starts
@@ -236,6 +241,7 @@ def test_a_healthy_collector_still_gets_every_span_at_shutdown(receiver) -> None
     assert took < BOUND_S
 
 
+@pytest.mark.slow
 def test_a_replaced_configuration_still_delivers_to_a_healthy_collector(receiver) -> None:  # type: ignore[no-untyped-def]
     tt.configure(endpoint=receiver.url, service_name="before")
     _requests(500)
@@ -330,6 +336,7 @@ def _exit_time(script: str, env: dict[str, str] | None = None) -> tuple[float, f
     return said["exited"] - said["exiting"], ended - said["exiting"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("collector", ["black_hole", "refused"])
 def test_exit_is_bounded_with_the_collector_down(collector: str, request) -> None:  # type: ignore[no-untyped-def]
     url = request.getfixturevalue("black_hole").url if collector == "black_hole" else _refused_url()
@@ -366,6 +373,7 @@ def test_one_request_without_configure_then_exit_is_quick_when_refused() -> None
     assert took < BOUND_S
 
 
+@pytest.mark.slow
 def test_exit_still_delivers_to_a_healthy_collector(receiver) -> None:  # type: ignore[no-untyped-def]
     _, took = _exit_time(
         f"""
@@ -392,6 +400,7 @@ def metrics() -> Iterator[MetricsReceiver]:
     r.close()
 
 
+@pytest.mark.slow
 def test_gpu_sampler_sends_nothing_when_disabled(metrics) -> None:  # type: ignore[no-untyped-def]
     tt.configure(endpoint=metrics.url, service_name="off", disabled=True)
     sampler = _gpu.GpuSampler(FakeNvml(), export=False)
@@ -400,6 +409,7 @@ def test_gpu_sampler_sends_nothing_when_disabled(metrics) -> None:  # type: igno
     assert metrics.requests == []
 
 
+@pytest.mark.slow
 def test_gpu_sampler_sends_nothing_after_shutdown(metrics) -> None:  # type: ignore[no-untyped-def]
     tt.configure(endpoint=metrics.url, service_name="ended", exporter=InMemorySpanExporter())
     sampler = _gpu.GpuSampler(FakeNvml(), export=False)

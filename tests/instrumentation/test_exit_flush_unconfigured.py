@@ -167,6 +167,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 @pytest.mark.parametrize("method", ["fork", "spawn", "os.fork"])
 def test_an_engine_core_child_sends_its_steps(
@@ -200,6 +201,7 @@ os._exit(0)  # no atexit: only what the call above sent arrives
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("call", ["shutdown", "flush_before_exit"])
 def test_shutdown_and_flush_before_exit_send_steps_never_configured(
     call: str, receiver: Receiver, tmp_path: Path
@@ -220,6 +222,7 @@ print("exiting", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_a_requests_only_script_sends_its_request_spans(receiver: Receiver, tmp_path: Path) -> None:
     out = _run(tmp_path, _REQUESTS_ONLY, {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url})
     names = receiver.names()
@@ -246,6 +249,7 @@ print("exiting", flush=True)
 )
 
 
+@pytest.mark.slow
 def test_a_gpu_sampler_never_configured_sends_its_samples_at_exit(
     receiver: Receiver, tmp_path: Path
 ) -> None:
@@ -270,6 +274,7 @@ print("exiting", flush=True)
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variable", ["TOKENTRACE_DISABLED", "OTEL_SDK_DISABLED"])
 def test_disabled_sends_nothing_and_exits_quickly(
     variable: str, receiver: Receiver, tmp_path: Path
@@ -281,6 +286,7 @@ def test_disabled_sends_nothing_and_exits_quickly(
     assert receiver.metric_points == 0, out
 
 
+@pytest.mark.slow
 def test_the_same_script_enabled_sends_all_of_it(receiver: Receiver, tmp_path: Path) -> None:
     """The script the disabled test runs, enabled: it is not silent for another reason."""
     out = _run(tmp_path, _EVERYTHING, {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url})

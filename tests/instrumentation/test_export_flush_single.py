@@ -40,6 +40,7 @@ def _end_spans(tracing: tt.Tracing, count: int, prefix: str) -> None:
         tracing.tracer.start_span(f"{prefix}{i}").end()
 
 
+@pytest.mark.slow
 def test_flushes_against_a_slow_collector_share_one_thread(receiver) -> None:  # type: ignore[no-untyped-def]
     tracing = tt.configure(endpoint=receiver.url, service_name="flush-threads")
     _end_spans(tracing, 3, "first")
@@ -61,6 +62,7 @@ def test_flushes_against_a_slow_collector_share_one_thread(receiver) -> None:  #
     assert not _flush_threads()
 
 
+@pytest.mark.slow
 def test_a_call_made_while_a_flush_runs_gets_its_own_spans_flushed(receiver) -> None:  # type: ignore[no-untyped-def]
     """A call that joins a flush under way waits for the next round, which starts after
     the call: spans ended after the running round began still leave before it returns."""

@@ -52,6 +52,7 @@ def _messages(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if text in r.getMessage()]
 
 
+@pytest.mark.slow
 def test_spans_the_full_queue_drops_are_counted_and_logged(  # type: ignore[no-untyped-def]
     small_queue, receiver, caplog
 ) -> None:

@@ -129,6 +129,7 @@ def test_the_forward_timer_starts_afresh_in_a_child() -> None:
     assert os.waitstatus_to_exitcode(_run_in_child(body)) == 0
 
 
+@pytest.mark.slow
 def test_children_forked_while_a_thread_serves_requests_finish(memory_sdk) -> None:  # type: ignore[no-untyped-def]
     stop = threading.Event()
 

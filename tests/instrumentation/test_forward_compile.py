@@ -29,6 +29,7 @@ class GraphCounter:
         return gm.forward
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "default"])
 def test_instrumented_then_compiled_model_compiles_whole(memory_sdk, fullgraph: bool) -> None:  # type: ignore[no-untyped-def]
     """Instrumented, then compiled: dynamo traces the timed forward. It must see the bare

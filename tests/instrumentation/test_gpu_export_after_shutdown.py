@@ -38,6 +38,7 @@ def _pool_refuses_work(monkeypatch: pytest.MonkeyPatch) -> None:
         concurrent.futures.ThreadPoolExecutor(1).submit(int)
 
 
+@pytest.mark.slow
 def test_samples_after_shutdown_are_dropped_without_making_a_configuration(  # type: ignore[no-untyped-def]
     receiver, monkeypatch, caplog
 ) -> None:

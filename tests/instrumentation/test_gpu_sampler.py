@@ -58,6 +58,7 @@ def receiver() -> Iterator[MetricsReceiver]:
     r.close()
 
 
+@pytest.mark.slow
 def test_samples_ship_as_otlp_gauges_with_their_own_timestamps(receiver) -> None:  # type: ignore[no-untyped-def]
     backend = FakeNvml()
     sampler = _gpu.GpuSampler(backend, interval_s=0.01, export=False)
@@ -84,6 +85,7 @@ def test_samples_ship_as_otlp_gauges_with_their_own_timestamps(receiver) -> None
     assert backend.closed
 
 
+@pytest.mark.slow
 def test_running_sampler_exports_and_summarizes_requests(receiver) -> None:  # type: ignore[no-untyped-def]
     backend = FakeNvml()
     sampler = tt.start_gpu_sampler(interval_s=0.01, backend=backend, export_interval_s=0.05)
@@ -113,6 +115,7 @@ def test_running_sampler_exports_and_summarizes_requests(receiver) -> None:  # t
     assert points == sampler.samples_taken == sampler.samples_exported
 
 
+@pytest.mark.slow
 def test_stop_right_after_a_request_keeps_its_gpu_summary(receiver) -> None:  # type: ignore[no-untyped-def]
     # The usual shutdown order: the last request ends, the sampler stops, then
     # tt.shutdown().  The request's span is built by the finisher thread later,
@@ -159,6 +162,7 @@ def test_summary_covers_only_the_window() -> None:
     assert sampler.summary(0, 1) is None
 
 
+@pytest.mark.slow
 def test_broken_backend_is_logged_once_and_never_raises(receiver, caplog, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # log_once's sites are once per process: an earlier failure at this site (another
     # test's, or this one run again) would leave nothing to log here
@@ -213,6 +217,7 @@ def test_samples_reach_serve_gpu_samples(serve_sdk) -> None:  # type: ignore[no-
     assert rows[0][3:] == (GIB + 1, 80 * GIB, 1410.0, 250.5)
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_real_nvml_samples_this_machine(receiver) -> None:  # type: ignore[no-untyped-def]
     try:

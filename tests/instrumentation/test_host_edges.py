@@ -77,6 +77,7 @@ def test_traced_request_stream_client_disconnect_is_not_an_error(memory_sdk) -> 
     assert span.attributes[sc.REQUEST_MODEL] == "llama-8b"
 
 
+@pytest.mark.slow
 def test_traced_request_generators_closed_early_are_not_errors(memory_sdk) -> None:  # type: ignore[no-untyped-def]
     @tt.traced_request(model="m")
     async def astream() -> AsyncIterator[int]:
@@ -150,6 +151,7 @@ def test_middleware_marks_a_client_disconnect(memory_sdk) -> None:  # type: igno
 # ---------------------------------------------------------------- 2. background tasks
 
 
+@pytest.mark.slow
 def test_background_task_does_not_stretch_the_request_span(memory_sdk) -> None:  # type: ignore[no-untyped-def]
     app = FastAPI()
     release = threading.Event()
@@ -363,6 +365,7 @@ def test_tokenizer_proxy_has_what_the_tokenizer_has() -> None:
 # ---------------------------------------------------------------- 5. abandoned client spans
 
 
+@pytest.mark.slow
 def test_abandoned_client_request_generator_logs_no_detach_error(memory_sdk, caplog) -> None:  # type: ignore[no-untyped-def]
     async def relay() -> AsyncIterator[int]:
         async with tt.client_request(model="m") as cr:

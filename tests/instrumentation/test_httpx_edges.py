@@ -79,6 +79,7 @@ def _stopped_without_error(span: Any) -> None:
 # ---------------------------------------------------------------- 1. a stream read in part
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["iter_lines", "iter_bytes", "iter_raw"])
 def test_sync_stream_left_by_break_is_no_error(memory_sdk, how: str) -> None:  # type: ignore[no-untyped-def]
     with _serve(_app()) as url, httpx.Client(timeout=10) as client:
@@ -117,6 +118,7 @@ def test_async_stream_left_by_break_is_no_error(memory_sdk, generator_closed_fir
     _stopped_without_error(span)
 
 
+@pytest.mark.slow
 def test_read_timeout_mid_stream_stays_an_error(memory_sdk) -> None:  # type: ignore[no-untyped-def]
     with _serve(_app()) as url, httpx.Client(timeout=httpx.Timeout(10, read=0.3)) as client:
         tt.instrument_httpx(client)
@@ -189,6 +191,7 @@ def test_traceparent_of_the_current_span_is_traced_already(memory_sdk) -> None: 
     ]
 
 
+@pytest.mark.slow
 def test_gateway_forwarding_the_incoming_headers_keeps_the_trace_tree(memory_sdk) -> None:  # type: ignore[no-untyped-def]
     """user client → gateway (instrumented server + client, forwarding the incoming headers
     as proxies do) → backend: the backend's request is the gateway client span's child."""
@@ -231,6 +234,7 @@ def test_gateway_forwarding_the_incoming_headers_keeps_the_trace_tree(memory_sdk
     assert len({s.context.trace_id for s in (*clients, *requests)}) == 1
 
 
+@pytest.mark.slow
 def test_untraced_gateway_forwarding_headers_continues_the_callers_trace(memory_sdk) -> None:  # type: ignore[no-untyped-def]
     """A gateway that traces its calls but not its own requests (no span current there),
     forwarding the caller's `traceparent`: its client span continues the caller's trace

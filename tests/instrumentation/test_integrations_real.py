@@ -104,6 +104,7 @@ def _phase_names(memory_sdk) -> list[str]:  # type: ignore[no-untyped-def]
 PROMPT = torch.tensor([[3, 4, 5]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("label", "kwargs", "tokens"),
     [
@@ -458,6 +459,7 @@ def test_openai_client_closed_by_the_user(memory_sdk, openai_instrumented, opena
     assert not span.status.is_ok and sc.HTTP_STATUS not in span.attributes
 
 
+@pytest.mark.slow
 def test_openai_stream_dropped_unread_ends_its_span(
     memory_sdk, openai_instrumented, openai_url
 ) -> None:  # type: ignore[no-untyped-def]

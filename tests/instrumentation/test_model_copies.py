@@ -98,6 +98,7 @@ def _torch_saved(model: torch.nn.Module) -> bytes:
     return buf.getvalue()
 
 
+@pytest.mark.slow
 def test_a_saved_module_loads_without_tokentrace(tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "model.pt"
     torch.save(tt.instrument_model(torch.nn.Linear(2, 2)), path)

@@ -88,6 +88,7 @@ def _assert_streamed_call(memory_sdk) -> None:  # type: ignore[no-untyped-def]
     assert duration_us >= offsets[-1]
 
 
+@pytest.mark.slow
 def test_openai_streamed_chat_gets_chunk_times(memory_sdk) -> None:  # type: ignore[no-untyped-def]
     openai = pytest.importorskip("openai")
     import httpx
@@ -134,6 +135,7 @@ def test_async_openai_streamed_chat_gets_chunk_times(memory_sdk) -> None:  # typ
     _assert_streamed_call(memory_sdk)
 
 
+@pytest.mark.slow
 def test_instrument_httpx_covers_httpx2_clients(memory_sdk) -> None:  # type: ignore[no-untyped-def]
     """httpx2 (openai 3's HTTP client, httpx's API under its own name): every client traced."""
     httpx2 = pytest.importorskip("httpx2")
@@ -159,6 +161,7 @@ def test_instrument_httpx_covers_httpx2_clients(memory_sdk) -> None:  # type: ig
     assert not isinstance(httpx2.Client.__dict__["send"], wrapt.FunctionWrapper)
 
 
+@pytest.mark.slow
 def test_transformers_generate_records_token_times(memory_sdk) -> None:  # type: ignore[no-untyped-def]
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")

@@ -96,6 +96,7 @@ def _one_request() -> tt.Tracing:
 # ---- where spans go ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["first use", "configure()"])
 def test_traces_endpoint_is_used_as_written_over_the_general_one(
     how: str, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
@@ -111,6 +112,7 @@ def test_traces_endpoint_is_used_as_written_over_the_general_one(
     assert receiver.paths() == {"/otlp/spans"}  # nothing appended, nothing taken off
 
 
+@pytest.mark.slow
 def test_general_endpoint_gets_the_traces_path(
     receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -120,6 +122,7 @@ def test_general_endpoint_gets_the_traces_path(
     assert receiver.paths() == {"/v1/traces"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("own", ["TOKENTRACE_ENDPOINT", "configure(endpoint=)"])
 def test_own_endpoint_beats_the_otel_variables(
     own: str, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
@@ -158,6 +161,7 @@ def test_traces_protocol_beats_the_general_protocol(monkeypatch: pytest.MonkeyPa
 # ---- where GPU samples go --------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_metrics_endpoint_is_used_as_written_for_gpu_samples(
     receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -212,6 +216,7 @@ def test_service_name_precedence_on_exported_spans(
         assert spans[0].resource.attributes["deployment.environment"] == "prod"  # kept
 
 
+@pytest.mark.slow
 def test_service_name_from_resource_attributes_reaches_the_collector_on_first_use(
     receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from tokentrace import instrumentation as tt
 from tokentrace.instrumentation import _request, _steps
 from tokentrace.instrumentation import semconv as sc
@@ -20,6 +22,7 @@ def _phases(memory_sdk, request_span) -> dict[str, list]:  # type: ignore[no-unt
     return out
 
 
+@pytest.mark.slow
 def test_a_phase_ended_while_another_thread_finishes_is_kept_once(memory_sdk) -> None:  # type: ignore[no-untyped-def]
     """The handler's finish() lands right after end_phase took the phase out of the open
     ones (forced here through the open phases' `pop`): end_phase then appended it to the

@@ -66,6 +66,7 @@ def test_client_leaving_a_stream_that_holds_request_from_headers(memory_sdk) -> 
     assert f"{span.context.trace_id:032x}" == TRACE
 
 
+@pytest.mark.slow
 def test_with_request_in_generators_closed_or_cancelled(memory_sdk) -> None:  # type: ignore[no-untyped-def]
     def sync_body() -> Iterator[int]:
         with tt.request(request_id="sync") as req:

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -16,6 +18,7 @@ def test_ruff_finds_nothing() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.slow
 def test_mypy_finds_nothing() -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "typecheck")], cwd=ROOT, capture_output=True, text=True

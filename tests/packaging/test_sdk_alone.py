@@ -38,6 +38,7 @@ def test_help_needs_no_server_dependency(tmp_path: Path, argv: list[str]) -> Non
     assert "usage: tokentrace" in out.stdout and not out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "extra"),
     [

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from tt_testkit import build_wheel, install_wheel
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {
     "app": "tokentrace",

@@ -91,6 +91,7 @@ def test_a_host_program_opening_the_store_keeps_its_umask(tmp_path: Path) -> Non
     assert os.umask(0o022) == 0o022
 
 
+@pytest.mark.slow
 def test_serve_makes_its_database_private(tmp_path: Path) -> None:
     from tt_testkit import start_serve
 
@@ -132,6 +133,7 @@ def test_a_database_others_can_read_gets_one_warning_saying_how_to_fix_it(
     assert _warnings(caplog) == []
 
 
+@pytest.mark.slow
 def test_import_into_a_database_others_can_read_warns_once(tmp_path: Path) -> None:
     db = tmp_path / "old.duckdb"
     open_db(db).close()

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from tt_testkit import start_serve
 
 from tokentrace import instrumentation as tt
@@ -22,6 +23,7 @@ def _wait_for_requests(web: str, headers: dict[str, str], n: int) -> dict[str, o
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_pages_read_the_live_collector_database(tmp_path: Path) -> None:
     serve = start_serve(tmp_path, "--grace-s", "0.2", "--baseline", "1.0", "--api-token", TOKEN)
     try:

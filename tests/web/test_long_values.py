@@ -42,6 +42,7 @@ def long_ids(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     return db, PAGED
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sort,order", [("start_ns", "desc"), ("e2e_ms", "asc"), ("model", "asc"), ("tenant", "desc")])
 def test_next_page_cursors_stay_small_whatever_the_ids_and_values(
     long_ids: tuple[Path, int], sort: str, order: str
@@ -91,6 +92,7 @@ def _runs(page: str, char: str) -> int:
     return max((len(m) for m in re.findall(f"{re.escape(char)}+", page)), default=0)
 
 
+@pytest.mark.slow
 def test_pages_show_at_most_a_kilobyte_of_a_value_and_say_how_long_it_is(hostile: HostileServer) -> None:
     long = next(t for t in hostile.traces if t.payload_name == "long")
     run = len(PAYLOADS["long"]) - len(PAYLOADS["long"].lstrip("L"))
@@ -132,6 +134,7 @@ def tied_rows(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tupl
     return db, everything
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sort,order", [("e2e_ms", "desc"), ("start_ns", "asc"), ("model", "asc")])
 def test_paging_one_row_at_a_time_skips_no_row_the_keyset_cannot_tell_apart(
     tied_rows: tuple[Path, list[tuple[str, str]]], sort: str, order: str

@@ -40,6 +40,7 @@ def truth(web: WebServer) -> dict[str, object]:
     }
 
 
+@pytest.mark.slow
 def test_every_html_page_has_a_json_twin(web: WebServer) -> None:
     tid = web.requests[1].trace_id
     for page_path, api in (
@@ -73,6 +74,7 @@ def test_overview_counts_every_request(web: WebServer, truth: dict[str, object])
     assert "Findings" in page and 'data-chart="latency"' in page
 
 
+@pytest.mark.slow
 def test_overview_filters_narrow_the_window(web: WebServer, truth: dict[str, object]) -> None:
     llama = _get(web, "/api/overview", params={"model": "llama-8b"}).json()
     batch = _get(web, "/api/overview", params={"class": "batch"}).json()
@@ -87,6 +89,7 @@ def test_overview_filters_narrow_the_window(web: WebServer, truth: dict[str, obj
     assert _get(web, "/api/overview", params={"window": "5m"}).json()["report"]["requests"]["count"] == truth["count"]
 
 
+@pytest.mark.slow
 def test_search_filters_match_the_database(web: WebServer) -> None:
     conn = _db(web)
     try:
@@ -108,6 +111,7 @@ def test_search_filters_match_the_database(web: WebServer) -> None:
             assert r[f"{bucket}_ms"] == max(r["queue_ms"], r["prefill_ms"], r["decode_ms"], r["network_ms"] or 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sort,order", [("start_ns", "desc"), ("e2e_ms", "asc"), ("ttft_ms", "desc"), ("tenant", "asc")])
 def test_keyset_paging_walks_every_request_once_in_order(
     web: WebServer, truth: dict[str, object], sort: str, order: str
@@ -217,6 +221,7 @@ def test_span_values_are_escaped(web: WebServer) -> None:
 SQL = ("' OR 1=1 --", "x'); DROP TABLE requests; --", "1; SELECT * FROM spans", '" UNION SELECT 1 --')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "param",
     ["window", "start", "end", "model", "tenant", "class", "service", "min_e2e", "max_e2e", "min_ttft", "max_ttft",
@@ -272,6 +277,7 @@ def test_unknown_and_malformed_trace_ids(web: WebServer) -> None:
     assert jump.status_code == 303 and jump.headers["location"] == f"/trace/{web.requests[2].trace_id}"
 
 
+@pytest.mark.slow
 def test_bearer_token_guards_pages_and_api(generated: tuple[object, object]) -> None:
     db, requests = generated
     with explorer(db, api_token="s3cret") as url:  # type: ignore[arg-type]
@@ -287,6 +293,7 @@ def test_bearer_token_guards_pages_and_api(generated: tuple[object, object]) -> 
         assert httpx.get(url + "/static/app.js").status_code == 401
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "query,needle",
     [
@@ -347,6 +354,7 @@ def test_search_shows_and_sorts_by_service(web: WebServer) -> None:
     assert '<td class="text">llm-server</td>' in _get(web, "/search").text
 
 
+@pytest.mark.slow
 def test_no_tenant_is_no_filter_choice(edited: WebServer) -> None:
     page = _get(edited, "/search", params={"limit": "500"}).text
     assert page.count('<td class="text">—</td>') == 2  # the two requests without a tenant
@@ -409,6 +417,7 @@ def test_search_shows_seconds_from_one_second_and_still_sorts_by_value(web: WebS
     assert [_as_ms(t) for t in shown] == sorted((_as_ms(t) for t in shown), reverse=True)
 
 
+@pytest.mark.slow
 def test_no_page_shows_a_thousand_milliseconds_or_more(edited: WebServer) -> None:
     import re
 
@@ -420,6 +429,7 @@ def test_no_page_shows_a_thousand_milliseconds_or_more(edited: WebServer) -> Non
         assert re.search(r"\b\d+\.\d\d s\b", page), path
 
 
+@pytest.mark.slow
 def test_paging_walks_requests_whose_ids_are_long(tmp_path: Path) -> None:
     # a request id is whatever a sender wrote; the next-page cursor carries it, and
     # a cursor over the filters' length bound made the second page a 400
@@ -442,6 +452,7 @@ def test_paging_walks_requests_whose_ids_are_long(tmp_path: Path) -> None:
     assert len(seen) == len(set(seen)) == 7
 
 
+@pytest.mark.slow
 def test_network_not_measured_reads_as_a_dash_not_zero(one_slice: WebServer, web: WebServer) -> None:
     import re
 
@@ -480,6 +491,7 @@ def test_confidence_reads_as_a_whole_percent(web: WebServer) -> None:
         assert all(re.fullmatch(r"\d{1,3} %", s) for s in shown), shown
 
 
+@pytest.mark.slow
 def test_one_wording_and_one_duration_format_across_pages(web: WebServer) -> None:
     import re
 
@@ -502,6 +514,7 @@ def test_one_wording_and_one_duration_format_across_pages(web: WebServer) -> Non
     assert "queue_wait</th>" in _get(web, f"/trace/{tid}").text
 
 
+@pytest.mark.slow
 def test_findings_of_several_services_say_so_and_how_they_are_ordered(two_services: WebServer, web: WebServer) -> None:
     report = _get(two_services, "/api/diagnosis").json()  # waits for the report: the overview then has it
     assert report["report"]["findings"] and report["services"] == 2

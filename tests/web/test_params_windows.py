@@ -51,6 +51,7 @@ def _json(url: str) -> Any:
     return r.json()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", ["1h", "24h", "7d"])
 def test_a_request_dated_2200_leaves_the_relative_windows_to_the_others(future: tuple[str, int, int], window: str) -> None:
     url, count, newest = future

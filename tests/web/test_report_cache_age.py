@@ -40,6 +40,7 @@ def _text(page: str, element_id: str) -> str:
     return re.sub(r"<[^>]+>", "", found.group(1))
 
 
+@pytest.mark.slow
 def test_the_pages_say_how_old_the_diagnosis_is_and_that_a_newer_one_is_computing(
     generated: tuple[Path, list[GeneratedRequest]],
 ) -> None:
@@ -86,6 +87,7 @@ def capped(
         yield url
 
 
+@pytest.mark.slow
 def test_all_affected_requests_says_when_it_is_the_first_thousand(capped: str) -> None:
     data = httpx.get(capped + "/api/search", params={"complaint": "stutter"}, timeout=120).json()
     assert data["total"] == 3
@@ -108,6 +110,7 @@ def test_a_finding_of_fewer_requests_says_nothing_more(web: WebServer) -> None:
     assert page.count(">all affected requests →</a>") == len(findings)
 
 
+@pytest.mark.slow
 def test_a_missing_trace_may_have_been_deleted_by_retention(generated: tuple[Path, list[GeneratedRequest]]) -> None:
     unknown = "ab" * 16
     with serving(create_web_app(CollectorSettings(db=generated[0], retention="7d"))) as url:

@@ -26,6 +26,8 @@ from tokentrace.collector.settings import CollectorSettings
 from tokentrace.web import _report_cache
 from tokentrace.web.app import create_web_app
 
+pytestmark = pytest.mark.slow
+
 #: How many distinct reports may be pending at once (one computing, four queued).
 PENDING = 5
 #: A generous bound on waiting for the server to take in what the test sent.

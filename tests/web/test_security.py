@@ -49,6 +49,7 @@ def _strict_json(text: str) -> Any:
 # ---- hostile span data through the JSON API and the exports ---------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ["", "/otlp.json", "/chrome.json"])
 def test_non_finite_doubles_in_spans_do_not_break_the_trace_json(hostile: HostileServer, route: str) -> None:
     for t in hostile.traces:
@@ -59,6 +60,7 @@ def test_non_finite_doubles_in_spans_do_not_break_the_trace_json(hostile: Hostil
             assert f'"{written}"' in r.text, written
 
 
+@pytest.mark.slow
 def test_otlp_export_of_hostile_spans_round_trips(hostile: HostileServer) -> None:
     for t in hostile.traces:
         doc = _get(hostile.url, f"/api/trace/{t.trace_id}/otlp.json").json()
@@ -72,6 +74,7 @@ def test_otlp_export_of_hostile_spans_round_trips(hostile: HostileServer) -> Non
         assert request.attributes["double.inf"] == math.inf and request.attributes["double.neg-inf"] == -math.inf
 
 
+@pytest.mark.slow
 def test_hostile_strings_come_back_verbatim_in_the_json(hostile: HostileServer) -> None:
     for t in hostile.traces:
         trace = _get(hostile.url, f"/api/trace/{t.trace_id}").json()
@@ -150,6 +153,7 @@ VALUES = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", list(ROUTE_PARAMS))
 def test_no_parameter_value_gets_a_500(web: WebServer, route: str) -> None:
     twin = {"/api/search": "/search", "/api/overview": "/", "/api/diagnosis": "/diagnosis"}.get(route)
@@ -177,6 +181,7 @@ def guarded(generated: tuple[Path, object]) -> Iterator[str]:
         yield url
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token", [None, TOKEN])
 def test_a_host_of_another_name_is_refused(web: WebServer, guarded: str, token: str | None) -> None:
     url = guarded if token else web.url
@@ -193,11 +198,13 @@ def test_a_host_of_another_name_is_refused(web: WebServer, guarded: str, token: 
             assert r.status_code in (200, 404), (path, host, r.status_code, r.text[:200])
 
 
+@pytest.mark.slow
 def test_a_host_that_binds_another_address_takes_any_host(generated: tuple[Path, object]) -> None:
     with explorer(generated[0], host="0.0.0.0") as url:  # noqa: S104 - the setting, not a bind
         assert _get(url, "/api/overview", headers={"Host": "explorer.lan:8600"}).status_code == 200
 
 
+@pytest.mark.slow
 def test_pages_link_their_own_files_root_relative_whatever_the_host(web: WebServer) -> None:
     """Behind the reverse proxy docs/web.md describes (`Host: localhost`), absolute URLs built
     from the Host header sent remote browsers to their own localhost for the CSS and scripts."""
@@ -214,6 +221,7 @@ def test_pages_link_their_own_files_root_relative_whatever_the_host(web: WebServ
 # ---- token ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_route_needs_the_token_and_none_echoes_it(generated: tuple[Path, list[Any]], guarded: str) -> None:
     tid = generated[1][0].trace_id
     urls = {
@@ -241,6 +249,7 @@ def test_every_route_needs_the_token_and_none_echoes_it(generated: tuple[Path, l
             assert TOKEN not in r.content.decode("utf-8", "replace") and TOKEN not in str(r.headers)
 
 
+@pytest.mark.slow
 def test_the_liveness_probe_needs_no_token_and_says_only_ok(guarded: str) -> None:
     """A load balancer or a Kubernetes probe has no secret: GET /healthz answers without
     the token (as Grafana's /api/health does), and with nothing but "ok"."""
@@ -274,6 +283,7 @@ def test_the_token_link_redirects_only_within_the_site(guarded: str) -> None:
         assert TOKEN not in location and "model=m" in location
 
 
+@pytest.mark.slow
 def test_the_token_is_never_logged(guarded: str, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.DEBUG):
         for path in ("/api/overview", "/api/trace/zz", "/search?limit=x", "/nope"):
@@ -312,6 +322,7 @@ def test_an_unexpected_error_is_the_explorers_500(crashing: str) -> None:
             assert r.headers.get(name) == value, (r.url, name)
 
 
+@pytest.mark.slow
 def test_every_kind_of_response_carries_the_security_headers(crashing: str, guarded: str) -> None:
     auth = {"Authorization": f"Bearer {TOKEN}"}
     port = guarded.rsplit(":", 1)[1]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tokentrace.web._timeline import build_timeline
 
 T0 = 1_700_000_000 * 10**9
@@ -17,6 +19,7 @@ def _step(start_ms: float, **extra: object) -> dict[str, object]:
     return row
 
 
+@pytest.mark.slow
 def test_a_step_shows_its_forward_host_and_gpu_time_where_known() -> None:
     steps = [_step(1, forward_host_us=3_250, gpu_us=2_900), _step(6, forward_host_us=3_100), _step(11)]
     drawn = build_timeline(T0, T0 + 20_000_000, [], [], steps, [])["steps"]
