@@ -86,6 +86,10 @@ class Span:
     events: list[SpanEvent] = field(default_factory=list)
     links: list[SpanLink] = field(default_factory=list)
     scope: str = ""
+    #: events the sender's SDK dropped past its limit (OTLP `dropped_events_count`): the
+    #: OpenTelemetry SDK keeps 128 a span by default, and Python's, Go's and JS's drop the
+    #: oldest, so `events` is then not the whole story (docs/conventions.md)
+    dropped_events_count: int = 0
 
     @property
     def duration_ns(self) -> int:

@@ -32,8 +32,18 @@ FLAG_NO_INFERENCE = "no_inference"
 #: No span named the model (vLLM's V1 engine and TGI never send one): `model` holds the
 #: service name.
 FLAG_MODEL_UNNAMED = "model_unnamed"
+#: The client span's SDK dropped events past its limit (128 by default, the oldest first
+#: in Python, Go and JS): its chunk times are not the whole stream, and its first kept
+#: chunk is not the first token.
+FLAG_CLIENT_EVENTS_DROPPED = "client_events_dropped"
 #: Token counts are INTEGER columns (the `requests` table).
 MAX_TOKEN_COUNT = 2**31 - 1
+
+# Where a request's token times (ITL, stalls) came from (docs/buckets.md): the server's own
+# (the SDK's token offsets, an engine's steps), else the client span's chunks, else none.
+TOKEN_TIMES_SERVER = "server"
+TOKEN_TIMES_CLIENT = "client"
+TOKEN_TIMES_NONE = "none"
 
 
 @dataclass(slots=True)
@@ -59,6 +69,7 @@ class RequestSummary:
     itl_p99_ms: float | None = None
     itl_max_ms: float | None = None
     stall_count: int | None = None
+    token_times_source: str = TOKEN_TIMES_NONE  # what the gaps above were read from
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     model: str = ""

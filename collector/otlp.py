@@ -37,6 +37,8 @@ MAX_NS = 2**63 - 1
 #: SpanKind and StatusCode values OTLP defines; the store keeps them in TINYINTs.
 MAX_KIND = 5
 MAX_STATUS = 2
+#: OTLP's counts of what a sender dropped (`dropped_events_count`) are uint32s.
+MAX_UINT32 = 2**32 - 1
 
 
 @dataclass(slots=True)
@@ -306,6 +308,9 @@ def spans_from_request(request: ExportTraceServiceRequest) -> tuple[list[Span], 
                         if links
                         else [],
                         scope,
+                        # the events the sender's SDK dropped: a client span's chunk events
+                        # past its limit (analyzer/conventions/_client_times.py)
+                        ps.dropped_events_count,
                     )
                 )
     if deferred:
@@ -535,5 +540,8 @@ def _j_span(ps: Mapping[str, Any], resource: dict[str, Any], scope: str) -> Span
                 for lk in map(_j_obj, _j_list(ps.get("links"), "links"), repeat("each link"))
             ],
             scope=scope,
+            dropped_events_count=_j_int(
+                ps.get("droppedEventsCount") or 0, "droppedEventsCount", 0, MAX_UINT32
+            ),
         )
     )

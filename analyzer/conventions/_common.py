@@ -12,18 +12,15 @@ from typing import Any
 
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, Partition
+from tokentrace.analyzer.conventions._client_times import best_token_times, read_client_times
 from tokentrace.analyzer.conventions._values import MAX_INT64, ValueReader
 from tokentrace.analyzer.itl import apply_token_times, apply_tpot
-from tokentrace.analyzer.spans import STATUS_ERROR, Span, list_attr
+from tokentrace.analyzer.spans import STATUS_ERROR, Span
 from tokentrace.analyzer.trace_view import ENV_KEYS, INSTANCE_KEYS, TENANT_KEYS, TraceView
 from tokentrace.instrumentation import semconv as sc
 
 TRAFFIC_CLASSES = (sc.TRAFFIC_INTERACTIVE, sc.TRAFFIC_BATCH)
 
-#: User-side token-time span events: OpenLLMetry (new and old names).
-CHUNK_EVENTS = ("gen_ai.content.completion.chunk", "llm.content.completion.chunk")
-#: OpenInference's first-token event.
-FIRST_TOKEN_EVENT = "First Token Stream Event"
 #: Two measurements of one duration agree when within this much (ms) or this fraction.
 AGREE_MS = 5.0
 AGREE_FRACTION = 0.05
@@ -38,30 +35,6 @@ def agree(a_ns: int, b_ns: int) -> bool:
     """True when two measurements of one duration agree within AGREE_MS / AGREE_FRACTION."""
     diff = abs(a_ns - b_ns) / NS_PER_MS
     return diff <= AGREE_MS or diff <= AGREE_FRACTION * max(abs(a_ns), abs(b_ns)) / NS_PER_MS
-
-
-def client_token_offsets_ms(client: Span, reader: ValueReader | None = None) -> list[float]:
-    """Gives the user-side token times (ms from the client span start), from any convention."""
-    rd = reader if reader is not None else ValueReader()
-    chunks = list_attr(client.attributes, sc.CLIENT_CHUNK_OFFSETS_US)
-    if chunks:
-        return rd.times_ms(chunks, 1 / 1000)
-    times = sorted(e.time_ns for e in client.events if e.name in CHUNK_EVENTS)
-    # an event before the span's start is no token time the user saw
-    return rd.times_ms([t - client.start_ns for t in times], 1 / NS_PER_MS)
-
-
-def client_ttft_ms(client: Span, reader: ValueReader | None = None) -> float | None:
-    """Gives the time to first token as the user saw it, from whichever source the span has."""
-    rd = reader if reader is not None else ValueReader()
-    offsets = client_token_offsets_ms(client, rd)
-    if offsets:
-        return offsets[0]
-    for e in client.events:
-        if e.name == FIRST_TOKEN_EVENT:
-            return rd.time_ms((e.time_ns - client.start_ns) / NS_PER_MS)
-    ttfc = rd.seconds_ns(client.attributes.get(sc.CLIENT_TTFC_S))
-    return None if ttfc is None else ttfc / NS_PER_MS
 
 
 def _traffic_class(value: Any, rd: ValueReader) -> str:
@@ -90,6 +63,7 @@ def build_summary(
     prompt_tokens: int | None = None,
     output_tokens: int | None = None,
     token_offsets_ms: Sequence[float] = (),
+    token_times_source: str = s.TOKEN_TIMES_SERVER,
     flags: Sequence[str] = (),
     cold_start: bool = False,
     extra_model_keys: Sequence[str] = (),
@@ -108,6 +82,8 @@ def build_summary(
     adapter's own word that the request failed (besides an ERROR status on its spans).
     `stream_tokens`: each stream's output tokens, when the answer is several streams
     decoded side by side (vLLM's n > 1 samples, TGI's prompts of one completions call).
+    `token_offsets_ms` are the adapter's token times, `token_times_source` says whose;
+    without them the client span's chunks stand in (docs/buckets.md).
     """
     rd = reader if reader is not None else ValueReader()
     outer = [x for x in (server, client) if x is not None]
@@ -161,8 +137,9 @@ def build_summary(
     trace.summarized.append(root)
     drop_impossible_counts(summary)
     part.apply(summary)
-    if client is not None:
-        summary.ttft_client_ms = client_ttft_ms(client, rd)
+    client_times = read_client_times(client, rd) if client is not None else None
+    if client_times is not None:
+        summary.ttft_client_ms = client_times.first_token_ms
         if (
             summary.ttft_client_ms is not None
             and summary.ttft_ms is not None
@@ -176,7 +153,13 @@ def build_summary(
             summary.ttft_client_ms = None
     for flag in rd.flags:
         _flag(summary, flag)
-    apply_token_times(summary, list(token_offsets_ms))
+    times, summary.token_times_source = best_token_times(
+        token_offsets_ms, token_times_source, client_times
+    )
+    if summary.token_times_source == s.TOKEN_TIMES_CLIENT and not token_offsets_ms:
+        # the server sent none (vLLM's span): the client's chunks are the request's
+        summary.flags = [f for f in summary.flags if f != s.FLAG_NO_TOKEN_TIMES]
+    apply_token_times(summary, list(times))
     apply_tpot(summary, decode_measured=decode_measured)
     if len(stream_tokens) > 1:
         apply_streams_tpot(summary, stream_tokens, decode_measured=decode_measured)

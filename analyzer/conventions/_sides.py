@@ -2,7 +2,9 @@
 
 network = the client span's duration − the outermost server span's duration, and E is
 the client span's duration.  The client span is the user's: the outermost CLIENT span
-above the request's span.  The server's time is the outermost SERVER span between the
+above the request's span, or LLM call span of any kind (`genai_client.is_llm_client`:
+OpenInference's is INTERNAL, and the httpx CLIENT span under it ends when a stream's
+response headers arrive).  The server's time is the outermost SERVER span between the
 request's span and that client span: a proxy's, a gateway's, an HTTP server span around
 the request; their time is queue (`other`).  The walk up for the server stops at the
 client, because an app that is itself a web server has its own incoming SERVER span
@@ -85,7 +87,7 @@ class RequestSides:
         for above in trace.ancestors(request):
             if owner.get(above.span_id) != me:
                 break  # from here up, the spans are shared (or no request's): not its own
-            if above.kind == KIND_CLIENT:
+            if above.kind == KIND_CLIENT or genai_client.is_llm_client(above):
                 client, server_below_client = above, outer_server
             elif above.kind == KIND_SERVER:
                 outer_server = above

@@ -2,29 +2,27 @@
 
 Understands OpenTelemetry GenAI client spans (kind CLIENT,
 `gen_ai.operation.name`, `gen_ai.usage.*`, `gen_ai.response.time_to_first_chunk`),
-OpenInference LLM spans with their `"First Token Stream Event"`, OpenLLMetry's
-per-chunk events (user-side token times), and plain HTTP server spans beneath
-them.  With a server span, network = client − server duration.  Without
+OpenInference LLM spans (INTERNAL) with their `"First Token Stream Event"`, OpenLLMetry's
+per-chunk events (user-side token times: `_client_times.py`), and plain HTTP server spans
+beneath them.  With a server span, network = client − server duration.  Without
 server-side phases the wait before the first token cannot be split between
 queue and prefill: it is counted as prefill and the request is flagged
-`server_unseen`.  Without per-chunk times, a streamed answer of more than one
-token (its first chunk's time known) decodes from the first chunk to the end of
-the client span, which ends when the stream does.
+`server_unseen`.  Without per-chunk times, or with a chunk list the SDK cut short
+(`client_events_dropped`), a streamed answer of more than one token (its first chunk's
+time known) decodes from the first chunk to the end of the client span, which ends when
+the stream does.
 """
 
 from __future__ import annotations
 
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
-from tokentrace.analyzer.conventions._common import (
+from tokentrace.analyzer.conventions._client_times import (
     CHUNK_EVENTS,
     FIRST_TOKEN_EVENT,
-    attr_any,
-    build_summary,
-    client_token_offsets_ms,
-    client_ttft_ms,
-    inside_any,
+    read_client_times,
 )
+from tokentrace.analyzer.conventions._common import attr_any, build_summary, inside_any
 from tokentrace.analyzer.conventions._values import ValueReader
 from tokentrace.analyzer.spans import KIND_CLIENT, KIND_SERVER, Span
 from tokentrace.analyzer.trace_view import TraceView
@@ -90,19 +88,22 @@ def _server_below(trace: TraceView, client: Span) -> Span | None:
 def summarize_client(trace: TraceView, client: Span) -> s.RequestSummary:
     """Gives the request summary of one LLM client span (an outer one)."""
     rd = ValueReader()
-    offsets = client_token_offsets_ms(client, rd)
-    ttft_client = client_ttft_ms(client, rd)
+    times = read_client_times(client, rd)
+    offsets, ttft_client = times.chunks_ms, times.first_token_ms
     server = _server_below(trace, client)
     client_ns = client.duration_ns
     server_ns = server.duration_ns if server is not None else client_ns
     network_ns = client_ns - server_ns if server is not None else 0
-    output_tokens = rd.count(attr_any(client, OUTPUT_TOKENS)) or (len(offsets) or None)
+    # a list the SDK cut short counts neither the tokens nor the decode from its first
+    counted = len(offsets) if not times.truncated else 0
+    output_tokens = rd.count(attr_any(client, OUTPUT_TOKENS)) or (counted or None)
     decode_ns: int | None = None
-    if len(offsets) > 1:
+    if len(offsets) > 1 and not times.truncated:
         decode_ns = round((offsets[-1] - offsets[0]) * NS_PER_MS)
-    elif ttft_client is not None and output_tokens is not None and output_tokens > 1:
-        # streamed (its first chunk came) with no later chunk times: the stream, and the
-        # span with it, ends at the last token; both times are the client's
+    elif ttft_client is not None and ((output_tokens or 0) > 1 or len(offsets) > 1):
+        # streamed (its first chunk came) with no later chunk times, or only the ones the
+        # SDK kept: the stream, and the span with it, ends at the last token; both times
+        # are the client's
         after_first_ns = client_ns - round(ttft_client * NS_PER_MS)
         decode_ns = after_first_ns if after_first_ns >= 0 else None
     # the first-token wait as the server lived it: the user's TTFT minus the wire
@@ -132,6 +133,7 @@ def summarize_client(trace: TraceView, client: Span) -> s.RequestSummary:
         prompt_tokens=rd.count(attr_any(client, INPUT_TOKENS)),
         output_tokens=output_tokens,
         token_offsets_ms=offsets,
+        token_times_source=s.TOKEN_TIMES_CLIENT,
         flags=flags,
         reader=rd,
         extra_model_keys=MODEL_KEYS,

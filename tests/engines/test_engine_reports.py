@@ -45,11 +45,6 @@ def test_the_runs_are_what_their_names_say() -> None:
     assert statistics.median(beside) > 4 * statistics.median(alone)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22: streams froze behind whole long prefills, but with vLLM's spans the "
-    "client's chunk events are not token times: no stutter finding",
-)
 def test_stutter_is_found(tmp_path: Path) -> None:
     assert _complaints(_report(tmp_path, "stutter"))[:1] == ["stutter"]
 

@@ -9,6 +9,7 @@ stored with its spans) and the client's own clock.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -168,28 +169,39 @@ def test_example_server_rows(live: LiveRun) -> None:
         assert row["source"] == "tokentrace" and row["request_id"] == m["key"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22: OpenInference's INTERNAL span is passed over for the httpx POST span "
-    "(negative_network, E2E cut at the response headers)",
-)
-def test_openinference_e2e_is_the_client_own(live: LiveRun) -> None:
+def test_openinference_e2e_and_ttft_are_the_client_own(live: LiveRun) -> None:
     rows = {r["trace_id"]: r for r in live.rows()}
     for m in live.answered("chat_openinference", EXAMPLE_RUN):
         row = rows[m["trace_id"]]
         assert "negative_network" not in row["flags"], m["key"]
         assert row["e2e_ms"] == pytest.approx(m["e2e_ms"], abs=LIVE_AGREE_MS), m["key"]
+        # its "First Token Stream Event"
+        first = pytest.approx(m["first_chunk_ms"], abs=LIVE_AGREE_MS)
+        assert row["ttft_client_ms"] == first, m["key"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22: OpenLLMetry's chunk events are not token times beside vLLM's span",
-)
 def test_openllmetry_chunks_are_token_times(live: LiveRun) -> None:
     rows = {r["trace_id"]: r for r in live.rows()}
     for m in live.answered("chat_openllmetry"):
         row = rows[m["trace_id"]]
         assert "no_token_times" not in row["flags"] and row["itl_max_ms"] is not None
+        # the client's own chunk times, gap for gap: one clock, whatever the server's says
+        gaps = [b - a for a, b in itertools.pairwise(m["chunk_ms"])]
+        assert row["itl_max_ms"] == pytest.approx(max(gaps), abs=LIVE_AGREE_MS), m["key"]
+
+
+@pytest.mark.parametrize(
+    ("name", "source"),
+    [
+        ("chat_openllmetry", "client"),
+        ("chat_openinference", "none"),
+        ("chat_openai_v2", "none"),
+        (EXAMPLE_RUN, "server"),
+    ],
+)
+def test_token_times_source(live: LiveRun, name: str, source: str) -> None:
+    rows = {r["trace_id"]: r for r in live.rows()}
+    assert {rows[m["trace_id"]]["token_times_source"] for m in live.answered(name)} == {source}
 
 
 @pytest.mark.xfail(

@@ -161,6 +161,8 @@ def test_the_trace_header_names_each_field(web: WebServer) -> None:
     assert said == f"service {s['service']} · environment {s['environment']} · instance {s['instance']}"
     assert f"<th>tokens</th><td>prompt {s['prompt_tokens']:,} → output {s['output_tokens']:,}</td>" in page
     assert f"<th>TTFT (server)</th><td>{ms(s['ttft_ms'])}</td><th>TTFT (user)</th><td>{ms(s['ttft_client_ms'])}</td>" in page
+    assert s["token_times_source"] == "server"  # the SDK's token offsets
+    assert f">token times</th><td>{s['token_times_source']}</td>" in page
 
 
 def test_kept_and_shared_steps_explain_themselves(web: WebServer) -> None:
