@@ -76,7 +76,8 @@ class RequestSummary:
     tenant: str = ""
     traffic_class: str = "interactive"
     service: str = ""
-    instance: str = ""
+    instance: str = ""  # the process as a person names it (vLLM: host and pid)
+    instance_id: str | None = None  # OpenTelemetry's service.instance.id, None without
     environment: str = ""
     route: str = ""
     cold_start: bool = False

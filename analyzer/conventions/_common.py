@@ -16,7 +16,11 @@ from tokentrace.analyzer.conventions._client_times import best_token_times, read
 from tokentrace.analyzer.conventions._values import MAX_INT64, ValueReader
 from tokentrace.analyzer.itl import apply_token_times, apply_tpot
 from tokentrace.analyzer.spans import STATUS_ERROR, Span
-from tokentrace.analyzer.trace_view import ENV_KEYS, INSTANCE_KEYS, TENANT_KEYS, TraceView
+from tokentrace.analyzer.trace_view import (
+    CONTEXT_KEYS,
+    TraceView,
+    instance_of,
+)
 from tokentrace.instrumentation import semconv as sc
 
 TRAFFIC_CLASSES = (sc.TRAFFIC_INTERACTIVE, sc.TRAFFIC_BATCH)
@@ -95,8 +99,15 @@ def build_summary(
         # in, and the flag says so (a model column that reads `unknown_service:python3`,
         # vLLM's default, or `text-generation-inference.router`)
         flags = [*flags, s.FLAG_MODEL_UNNAMED]
-    tenant = first(TENANT_KEYS, "")
-    traffic = _traffic_class(first((sc.TRAFFIC_CLASS,), ""), rd)
+    # the request's own spans and resource first, then the spans around it: the
+    # application's span that wraps the call (`handle_request` with `tenant.id`)
+    context = [first(keys, "") for keys in CONTEXT_KEYS]
+    if not all(context):
+        around = trace.inherited(root, CONTEXT_KEYS)
+        context = [own or above or "" for own, above in zip(context, around, strict=True)]
+    tenant, traffic, environment = context
+    traffic = _traffic_class(traffic, rd)
+    instance, instance_id = instance_of(root.attributes, root.resource)
     gpu_mem = rd.count(root.attributes.get(sc.GPU_MEM_MAX_BYTES))
     if gpu_mem is not None and not 0 <= gpu_mem <= MAX_INT64:
         gpu_mem = None
@@ -124,8 +135,9 @@ def build_summary(
         tenant=str(tenant),
         traffic_class=str(traffic),
         service=root.service_name,
-        instance=str(trace.first_attr(INSTANCE_KEYS, [root], "")),
-        environment=str(first(ENV_KEYS, "")),
+        instance=instance,
+        instance_id=instance_id,
+        environment=str(environment),
         route=str(first((sc.ROUTE,), "")),
         cold_start=cold_start or rd.truth(first((sc.COLD_START,), False)),
         error=error or any(x.status_code == STATUS_ERROR for x in spans),

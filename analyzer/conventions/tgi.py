@@ -27,8 +27,8 @@ default log filter (`info`) drops.  Where it is exported, it holds the handler.
 span): one `async_stream` (or `Infer::generate`) branch per prompt under the one
 handler, side by side, and each prompt's `span.record` of the timing fields lands on
 the handler, the last one's winning.  It is one request (one row): its queue wait is
-the longest prompt's, its tokens all the prompts' infer steps, its TPOT and ITL each
-prompt's stream's.
+the wait before its first prompt was scheduled, its tokens all the prompts' infer steps,
+its TPOT and ITL each prompt's stream's.
 """
 
 from __future__ import annotations
@@ -194,8 +194,13 @@ def _summarize(trace: TraceView, handler: Span, sides: Sides) -> s.RequestSummar
         flags.append(s.FLAG_NO_INFERENCE)
         output_tokens, prefill_ns, decode_ns = None, 0, None
     queue_attr_ns = rd.rust_duration_ns(a.get(QUEUE))
-    # the prompts wait side by side: the request waits as long as the longest wait
-    queue_ns = _longest(branches, SPAN_QUEUED) if queued else queue_attr_ns or 0
+    # the prompts wait side by side: the call waits until its first prompt is scheduled;
+    # the other prompts' waits lie inside its prefill and decode (one timeline, as vLLM's
+    # prompts and samples: docs/conventions.md, "Fan-out")
+    if queued and several:
+        queue_ns = min(sum(x.duration_ns for x in b if x.name == SPAN_QUEUED) for b in prompts)
+    else:
+        queue_ns = _longest(branches, SPAN_QUEUED) if queued else queue_attr_ns or 0
     if queued and not several and queue_attr_ns is not None and not agree(queue_ns, queue_attr_ns):
         flags.append(s.FLAG_SOURCES_DISAGREE)
     validation_ns = rd.rust_duration_ns(a.get(VALIDATION))

@@ -58,10 +58,23 @@ COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
 REQUEST_ID = "gen_ai.request.id"
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One call the user made: its id and, per prompt it sent, the spans of that
+    prompt's samples (docs/conventions.md, "Fan-out": one row per call)."""
+
+    request_id: str
+    prompts: list[list[Span]]
+
+    @property
+    def spans(self) -> list[Span]:
+        return [x for samples in self.prompts for x in samples]
+
+
 def summarize(trace: TraceView) -> list[s.RequestSummary]:
-    requests = _requests(trace)
-    sides = RequestSides(trace, requests)
-    return [_summarize(trace, samples, sides.of(samples[0])) for samples in requests]
+    calls = _calls(_requests(trace))
+    sides = RequestSides(trace, [c.spans for c in calls])
+    return [_summarize(trace, c, sides.of(c.prompts[0][0])) for c in calls]
 
 
 def _requests(trace: TraceView) -> list[list[Span]]:
@@ -88,6 +101,45 @@ def _requests(trace: TraceView) -> list[list[Span]]:
     return requests
 
 
+def _calls(requests: list[list[Span]]) -> list[_Call]:
+    """Gives the calls the requests were made in: the prompts of one completions call
+    are one call.  vLLM runs each prompt of `/v1/completions` as a request of its own
+    (`OpenAIServingCompletion`: the call's id and `-{i}`, the prompt's index), each
+    traced with the call's trace headers: their spans share the caller's span and the
+    id before `-{i}`, the indices from 0 each once.  Anything else is a call of its own."""
+    by_call: dict[tuple[str, str], list[tuple[int, list[Span]]]] = {}
+    for samples in requests:
+        first = samples[0]
+        prompt = _prompt_of(str(first.attributes.get(REQUEST_ID) or ""))
+        if prompt is not None and first.parent_span_id:
+            base, index = prompt
+            by_call.setdefault((first.parent_span_id, base), []).append((index, samples))
+    folded: dict[int, _Call] = {}  # by id() of a call's first prompt's samples
+    for (_, base), prompts in by_call.items():
+        indices = [i for i, _ in prompts]
+        if len(prompts) > 1 and 0 in indices and len(set(indices)) == len(indices):
+            prompts.sort(key=lambda p: p[0])
+            call = _Call(base, [samples for _, samples in prompts])
+            for _, samples in prompts:
+                folded[id(samples)] = call
+    calls: list[_Call] = []
+    for samples in requests:
+        call = folded.get(id(samples))
+        if call is None:
+            calls.append(_Call(str(samples[0].attributes.get(REQUEST_ID) or ""), [samples]))
+        elif call.prompts[0] is samples:
+            calls.append(call)
+    return calls
+
+
+def _prompt_of(request_id: str) -> tuple[str, int] | None:
+    """Gives (the call's id, the prompt's index) of a request id that ends in `-{i}`."""
+    base, dash, index = request_id.rpartition("-")
+    if dash and base and index.isdecimal() and index.isascii() and len(index) < 10:
+        return base, int(index)
+    return None
+
+
 def _is_vllm(span: Span) -> bool:
     # any of its gen_ai attributes: one missing (e2e, say) must not lose the request
     return E2E in span.attributes or any(k.startswith("gen_ai.") for k in span.attributes)
@@ -106,12 +158,15 @@ class _Phases:
     ttft_ns: int | None
 
 
-def _summarize(trace: TraceView, samples: list[Span], sides: Sides) -> s.RequestSummary:
+def _summarize(trace: TraceView, call: _Call, sides: Sides) -> s.RequestSummary:
     rd = ValueReader()
     flags: list[str] = []
+    samples = call.spans
     phases = _merge([_read(x, rd, flags) for x in samples])
     counts = [rd.count(x.attributes.get(COMPLETION_TOKENS)) for x in samples]
     tokens = [n for n in counts if n is not None] if None not in counts else []
+    # each prompt's samples share its prompt: counted once a prompt
+    prompts = [rd.count(p[0].attributes.get(PROMPT_TOKENS)) for p in call.prompts]
     client = sides.client
     part = partition(
         # the attributes share one clock; the e2e attribute is their whole, unless an
@@ -128,12 +183,12 @@ def _summarize(trace: TraceView, samples: list[Span], sides: Sides) -> s.Request
         span,
         part,
         source=NAME,
-        request_id=str(span.attributes.get(REQUEST_ID) or ""),
+        request_id=call.request_id,
         related=samples[1:],
         client=client,
         server=sides.server,
         ttft_ms=None if phases.ttft_ns is None else phases.ttft_ns / NS_PER_MS,
-        prompt_tokens=rd.count(span.attributes.get(PROMPT_TOKENS)),
+        prompt_tokens=None if None in prompts else sum(n for n in prompts if n is not None),
         # the samples' tokens together: what the request produced
         output_tokens=sum(tokens) if tokens else None,
         flags=[*flags, s.FLAG_NO_TOKEN_TIMES],
@@ -161,6 +216,13 @@ def _read(span: Span, rd: ValueReader, flags: list[str]) -> _Phases:
     inference_ns = rd.seconds_ns(a.get(INFERENCE))
     if inference_ns is not None and not agree(inference_ns, prefill_ns + (decode_ns or 0)):
         flags.append(s.FLAG_SOURCES_DISAGREE)
+    if ttft_ns is not None and decode_ns is not None:
+        # TTFT (server) is queue + prefill: the server's time less the decode.  vLLM's own
+        # figure is the front end's clock (first output there − arrival), its decode the
+        # engine core's (last − first token): they differ by how much later the front
+        # end saw the last token than the first (-29 to +14 ms on tests/data/engines).
+        # The engine's figure stays on its span (docs/conventions.md, "Which clock").
+        ttft_ns = max(0, server_ns - decode_ns)
     return _Phases(
         span.start_ns, span.start_ns + server_ns, queue_wait_ns, prefill_ns, decode_ns, ttft_ns
     )

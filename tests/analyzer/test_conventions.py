@@ -42,7 +42,7 @@ def test_vllm_buckets(wire: float | None) -> None:
     assert r.output_tokens == 31 and r.prompt_tokens == 100
     # V1 names no model (`do_tracing` sets no gen_ai.*.model): the service name stands in, flagged
     assert r.model == "unknown_service:python3" and s.FLAG_MODEL_UNNAMED in r.flags
-    assert r.instance == "4242"  # vllm.process_id, a string (str(os.getpid()))
+    assert r.instance == "pid 4242"  # vllm.process_id (str(os.getpid())); no host named
     assert s.FLAG_SOURCES_DISAGREE not in r.flags
 
 
@@ -159,7 +159,7 @@ def test_tgi_batch_trace_gives_engine_steps() -> None:
     result = summarize_trace([batch, pre, dec])
     assert result.requests == []
     assert [(s.batch_size, s.decode_seqs, s.duration_us) for s in result.engine_steps] == [
-        (3, 0, 30_000), (2, 2, 20_000)
+        (3, None, 30_000), (2, 2, 20_000)
     ]
 
 
