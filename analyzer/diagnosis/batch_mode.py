@@ -1,4 +1,12 @@
-"""`batch_mode_breaks_live`: aggressive batching stretches live requests' TTFT and ITL."""
+"""`batch_mode_breaks_live`: aggressive batching stretches live requests' TTFT and ITL.
+
+The contrast is live requests beside batch jobs against live requests without them: time
+slices where batch traffic ran against those where it did not, else (batch traffic in every
+slice) live requests that arrived while batch requests were in flight on their instance
+against those that arrived while none were (request-level: no engine steps needed).  Where
+batch traffic never stops, large batches stand in: the engine's step batch sizes where it
+gives them, else how many batch requests were in flight beside the live ones.
+"""
 
 from __future__ import annotations
 
@@ -20,9 +28,12 @@ def _ratio(a: float | None, b: float | None) -> float:
     return a / b
 
 
-def _comparisons(under: dict[str, Any], alone: dict[str, Any], ttft_decides: bool) -> list[dict[str, Any]]:
-    """Gives the evidence lines: the measure that decided the finding first, then the others
-    that point the same way, and last those that do not (they are facts, not the case)."""
+def _comparisons(
+    under: dict[str, Any], alone: dict[str, Any], ttft_decides: bool, who: str
+) -> list[dict[str, Any]]:
+    """Gives the evidence lines: the measure that decided the finding first (said of `who`),
+    then the others that point the same way, and last those that do not (they are facts, not
+    the case)."""
     measures = [
         ("TTFT p50", "ttft_p50", "ttft_p50_ms"),
         ("TPOT p50", "tpot_p50", "tpot_p50_ms"),
@@ -38,10 +49,12 @@ def _comparisons(under: dict[str, Any], alone: dict[str, Any], ttft_decides: boo
         text = f"{label} {ms(under[col])} vs {ms(alone[col])} without them"
         text += f" ({r:.1f}×)" if r else ""
         if i == 0:
-            text = f"live requests while batch jobs run: {text}"
+            text = f"{who}: {text}"
         numbers: dict[str, Any] = {key: under[col], f"baseline_{key}": alone[col]}
         if i == 0:
             numbers |= {"requests": under["n"], "baseline_requests": alone["n"]}
+            if under.get("in_flight_p50") is not None:
+                numbers["batch_in_flight_p50"] = under["in_flight_p50"]
         lines.append(ev(text, **numbers))
     # one line for the case, one for the other measures, so the report stays short
     rest = lines[1:]
@@ -49,26 +62,46 @@ def _comparisons(under: dict[str, Any], alone: dict[str, Any], ttft_decides: boo
     return [lines[0], merged]
 
 
+def _enough(side: dict[str, Any] | None) -> bool:
+    return side is not None and side["n"] >= MIN_PER_SIDE
+
+
 def detect(ctx: Context) -> Finding | None:
     if (ctx.overview.get("classes") or 0) < 2:
         return None
     rows = {r["with_batch"]: r for r in ctx.query("diag_batch_mode", [ctx.slice_ns, ctx.slice_ns])}
     under, alone = rows.get(True), rows.get(False)
-    if not under or under["n"] < MIN_PER_SIDE:
+    if not under or not _enough(under):
         return None
     lo, hi = ctx.time_bounds
-    steps = ctx.one("diag_batch_steps", [lo, hi])
+    steps = ctx.one("diag_batch_steps", [lo, hi])  # steps of a known batch size only
+    affected_query, affected_params = "affected_batch_mode", [ctx.slice_ns, ctx.slice_ns]
+    who = "live requests while batch jobs run"
+    by_request: dict[bool, dict[str, Any]] = {}
+    if not _enough(alone):
+        # batch traffic in every slice: live requests that arrived with no batch request in
+        # flight on their instance are the baseline, where there are enough of them
+        by_request = {r["with_batch"]: r for r in ctx.query("diag_batch_concurrency")}
+        beside, apart = by_request.get(True), by_request.get(False)
+        if beside is not None and apart is not None and _enough(beside) and _enough(apart):
+            under, alone = beside, apart
+            who = (
+                "live requests that arrived while batch requests were in flight on their instance "
+                f"({beside['in_flight_p50']:.0f} at the median)"
+            )
+            affected_query, affected_params = "affected_batch_concurrency", []
     evidence = []
-    strength = 0.0
-    if alone and alone["n"] >= MIN_PER_SIDE:
+    if alone is not None and _enough(alone):
         tr = _ratio(under["ttft_p50"], alone["ttft_p50"])
         pr = _ratio(under["tpot_p50"], alone["tpot_p50"])
         gain = (under["ttft_p50"] or 0.0) - (alone["ttft_p50"] or 0.0)
         if max(tr, pr) < MIN_RATIO or (tr >= pr and gain < MIN_TTFT_GAIN_MS):
             return None
-        evidence.extend(_comparisons(under, alone, ttft_decides=tr >= pr))
+        evidence.extend(_comparisons(under, alone, tr >= pr, who))
         strength = (max(tr, pr) - MIN_RATIO) / 1.5
-    elif steps.get("steps") and (steps["batch_p50"] or 0) >= LARGE_BATCH:
+    elif steps.get("steps"):
+        if (steps["batch_p50"] or 0) < LARGE_BATCH:
+            return None
         evidence.append(
             ev(
                 f"batch traffic never stops; live requests run in batches of {steps['batch_p50']:.0f} "
@@ -79,7 +112,24 @@ def detect(ctx: Context) -> Finding | None:
         )
         strength = (steps["batch_p50"] - LARGE_BATCH) / LARGE_BATCH
     else:
-        return None
+        # batch traffic never stops and the engine gives no batch size (vLLM, TGI's `infer`
+        # steps): how many batch requests its instance held beside each live one stands in
+        beside = by_request.get(True)
+        if beside is None or not _enough(beside) or (beside["in_flight_p50"] or 0) < LARGE_BATCH:
+            return None
+        evidence.append(
+            ev(
+                f"batch traffic never stops; live requests arrived beside {beside['in_flight_p50']:.0f} "
+                f"batch requests in flight on their instance (median; max {beside['in_flight_max']}), "
+                f"TTFT p50 {ms(beside['ttft_p50'])}, TPOT p50 {ms(beside['tpot_p50'])}; the engine "
+                "gives no batch sizes, so the requests in flight stand in for them",
+                batch_in_flight_p50=beside["in_flight_p50"], batch_in_flight_max=beside["in_flight_max"],
+                ttft_p50_ms=beside["ttft_p50"], tpot_p50_ms=beside["tpot_p50"], requests=beside["n"],
+            )
+        )
+        strength = (beside["in_flight_p50"] - LARGE_BATCH) / LARGE_BATCH
+        under = beside
+        affected_query, affected_params = "affected_batch_concurrency", []
     if steps.get("steps"):
         evidence.append(
             ev(
@@ -87,7 +137,7 @@ def detect(ctx: Context) -> Finding | None:
                 batch_p50=steps["batch_p50"], batch_max=steps["batch_max"],
             )
         )
-    affected, examples = ctx.traces(ctx.query("affected_batch_mode", [ctx.slice_ns, ctx.slice_ns]))
+    affected, examples = ctx.traces(ctx.query(affected_query, affected_params))
     total = float(ctx.overview.get("e2e_total") or 1.0)
     return Finding(
         COMPLAINT,

@@ -1,12 +1,18 @@
 """`stutter`: decode is interrupted; streams freeze, often while large prefills run beside them.
 
-Decode that slows as the batch grows maps onto this complaint too (`decode_batch`).
+The symptom is read from the streams' own gaps (the server's token times, else the client's
+chunk events).  The cause is looked for in the engine's steps where it sends them (a step
+that prefilled many tokens inside the stream's decode), else in the requests themselves:
+another request on the same instance whose prefill ran while the stream decoded, which a
+prefill run whole (not chunked) does to every stream beside it.  Decode that slows as the
+batch grows maps onto this complaint too (`decode_batch`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from tokentrace._words import counted
 from tokentrace.analyzer.diagnosis import decode_batch
 from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms, pct
 from tokentrace.analyzer.itl import STALL_FACTOR, STALL_MIN_MS
@@ -34,6 +40,10 @@ UNLINKED_MIN_GAP_MS = 200.0
 #: it, looked for where its last token can be on the client's clock: this much either side
 #: allows for the two hosts' clocks disagreeing (NTP keeps them within a few ms).
 STEP_CLOCK_SLACK_NS = 100_000_000
+#: Without steps, another request's prefill counts as a cause of a freeze when it lasted at
+#: least this share of the stalled streams' typical longest gap (a freeze as long as the
+#: prefill that caused it is what a prefill run whole gives), and at least a stall's length.
+PREFILL_SHARE_OF_STALL = 0.5
 
 
 def _severe(r: dict[str, Any]) -> bool:
@@ -82,8 +92,16 @@ def _stalls(ctx: Context) -> Finding | None:
     svc = ctx.filters.service
     steps = ctx.one("diag_step_prefill", [lo, hi, svc, svc])
     linked = False
-    large = 0
-    if steps.get("steps"):
+    fix_lead = None
+    if not steps.get("steps"):
+        overlap = _prefills_beside(ctx, r)
+        if overlap is not None:
+            line, gain, linked = overlap
+            evidence.append(line)
+            strength += gain
+            if linked:
+                fix_lead = prefill_beside_fix(line.get("prompt_tokens_p50"), line.get("prefill_p50_ms"))
+    else:
         large, basis = large_prefill(int(steps["p90"] or 0), int(steps["max"] or 0))
         slack = STEP_CLOCK_SLACK_NS
         rows = {x["stalled"]: x for x in ctx.query("diag_stutter_steps", [slack, slack, large, lo, hi])}
@@ -101,6 +119,7 @@ def _stalls(ctx: Context) -> Finding | None:
             )
             strength += max(0.0, (fs - fm) / 0.3)
             linked = fs - fm >= MIN_PREFILL_LINK
+            fix_lead = chunked_prefill_fix(large) if linked else None
         if not linked and not _severe(r):
             # the engine shows no large prefill behind the stalls: mild gaps are load, not stutter
             return None
@@ -113,7 +132,54 @@ def _stalls(ctx: Context) -> Finding | None:
         affected_trace_ids=affected,
         affected_count=affected.total,
         example_traces=examples,
-        fix_lead=chunked_prefill_fix(large) if linked else None,
+        fix_lead=fix_lead,
+    )
+
+
+def _prefills_beside(ctx: Context, r: dict[str, Any]) -> tuple[dict[str, Any], float, bool] | None:
+    """Gives, without engine steps, the evidence line of other requests' prefills run on the
+    stalled streams' instances while they decoded (against smooth streams), what it adds to
+    the finding's strength, and whether it links the stalls to them; None where no stream
+    could be compared."""
+    bar = max(STALL_MIN_MS, PREFILL_SHARE_OF_STALL * float(r.get("stalled_max_p50") or 0.0))
+    rows = {x["stalled"]: x for x in ctx.query("diag_stutter_overlap", [bar])}
+    s, smooth = rows.get(True), rows.get(False)
+    if not s or not smooth or not s["n"] or not smooth["n"]:
+        return None
+    fs, fm = s["overlapped"] / s["n"], smooth["overlapped"] / smooth["n"]
+    tokens = s["prompt_tokens_p50"]
+    took = s["prefill_p50"]
+    about = f"p50 {ms(took)}" + (f", prompts p50 {tokens:.0f} tokens" if tokens is not None else "")
+    if fs or fm:
+        text = (
+            f"no engine steps in this window, so requests stand in: {pct(fs)} of stalled streams "
+            f"were decoding while another request's prefill of ≥ {ms(bar)} ran on their instance "
+            f"vs {pct(fm)} of smooth streams"
+            + (f" ({counted(s['prefills'], 'such prefill')}: {about})" if s["prefills"] else "")
+        )
+    else:
+        text = (
+            f"no engine steps in this window, and no other request's prefill of ≥ {ms(bar)} ran on "
+            "a stalled stream's instance while it decoded: the freezes have another cause (the "
+            "host, the network, the client)"
+        )
+    line = ev(
+        text, stalled_with_long_prefill=fs, smooth_with_long_prefill=fm, long_prefill_ms=bar,
+        prefills=s["prefills"], prefill_p50_ms=took, prompt_tokens_p50=tokens,
+    )
+    return line, max(0.0, (fs - fm) / 0.3), fs - fm >= MIN_PREFILL_LINK
+
+
+def prefill_beside_fix(prompt_tokens: float | None, prefill_ms: float | None) -> str:
+    """Gives the fix when, without engine steps, stalls come with other requests' prefills."""
+    what = (
+        f"the ~{prompt_tokens:.0f}-token prompts" if prompt_tokens is not None
+        else f"the prompts (prefills of ~{ms(prefill_ms)})"
+    )
+    return (
+        f"Enable chunked prefill, with a per-step token budget well below {what} whose prefills "
+        "ran whole beside the stalled streams (vLLM --enable-chunked-prefill and a smaller "
+        "--max-num-batched-tokens, SGLang --chunked-prefill-size, TGI --max-batch-prefill-tokens)"
     )
 
 
