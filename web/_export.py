@@ -137,7 +137,8 @@ def to_chrome_trace(trace_id: str, spans: list[dict[str, Any]], steps: list[dict
     for step in steps:
         events.append(
             {
-                "name": f"step batch={step['batch_size']}",
+                # an engine that does not give the batch size: unknown, not "None" or 0
+                "name": f"step batch={step['batch_size'] if step['batch_size'] is not None else '?'}",
                 "cat": "engine_step",
                 "ph": "X",
                 "ts": (step["start_ns"] - t0) / 1000,
