@@ -33,6 +33,9 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 VLLM_RUNS = ("chat_openllmetry", "chat_openinference", "chat_openai_v2", "client_errors", "fanout")
 EXAMPLE_RUN = "tiny_llm_openinference"
 LATENCY = "gen_ai.latency."
+#: vLLM's TTFT (the API server's clock) against e2e − decode (the engine core's): tens of
+#: ms apart on a busy machine
+FRONT_END_LAG_MS = 50.0
 #: the client's clock starts before the instrumentation opens its span, and the wrapper's
 #: own work in between (prompt attributes) stretches on a machine busy with vLLM: up to
 #: 3.2 ms in the recordings, twice the recordings' tolerance here
@@ -107,13 +110,13 @@ def test_every_answered_call_joined_vllm_span(live: LiveRun) -> None:
         assert row["source"] == "vllm" and row["network_ms"] is not None, m["key"]
 
 
-def test_one_row_per_vllm_request(live: LiveRun) -> None:
+def test_one_row_per_call(live: LiveRun) -> None:
     spans = live.vllm_spans()
-    requests = {(s["trace_id"], s["attributes"]["gen_ai.request.id"]) for s in spans}
-    rows = [(r["trace_id"], r["request_id"]) for r in live.rows() if r["source"] == "vllm"]
-    assert sorted(rows) == sorted(requests)
-    # every trace was kept whole (the warm-up keeps a short first run): all spans compared
-    assert len({s["trace_id"] for s in spans}) == len({t for t, _ in rows})
+    # each client call is a trace, one row however many prompts and samples vLLM ran
+    # (docs/conventions.md, "Fan-out"); every trace was kept whole (the warm-up keeps a
+    # short first run): all spans compared
+    rows = Counter(r["trace_id"] for r in live.rows() if r["source"] == "vllm")
+    assert rows == Counter({s["trace_id"] for s in spans})
 
 
 def test_buckets_are_vllm_own_figures(live: LiveRun) -> None:
@@ -125,7 +128,7 @@ def test_buckets_are_vllm_own_figures(live: LiveRun) -> None:
     for span in spans:
         attrs = span["attributes"]
         key = (span["trace_id"], attrs["gen_ai.request.id"])
-        if ids[key] > 1:  # n > 1: one id, several spans (the fan-out rule is open)
+        if ids[key] > 1 or key not in rows:  # n > 1, or a prompt of several: one call's row
             continue
         row = rows[key]
 
@@ -138,7 +141,10 @@ def test_buckets_are_vllm_own_figures(live: LiveRun) -> None:
         assert row["decode_ms"] == pytest.approx(decode, abs=VLLM_AGREE_MS)
         assert row["queue_ms"] == pytest.approx(e2e - prefill - decode, abs=VLLM_AGREE_MS)
         assert row["queue_wait_ms"] == pytest.approx(ms("time_in_queue"), abs=VLLM_AGREE_MS)
-        assert row["ttft_ms"] == pytest.approx(ms("time_to_first_token"), abs=VLLM_AGREE_MS)
+        # TTFT (server) is queue + prefill on the engine core's clock; vLLM's own figure is
+        # the API server's (docs/conventions.md, "Which clock")
+        assert row["ttft_ms"] == pytest.approx(e2e - decode, abs=VLLM_AGREE_MS)
+        assert row["ttft_ms"] == pytest.approx(ms("time_to_first_token"), abs=FRONT_END_LAG_MS)
         checked += 1
     assert checked >= 30
 
