@@ -124,11 +124,11 @@ def _calls(requests: list[list[Span]]) -> list[_Call]:
                 folded[id(samples)] = call
     calls: list[_Call] = []
     for samples in requests:
-        call = folded.get(id(samples))
-        if call is None:
+        folded_into = folded.get(id(samples))
+        if folded_into is None:
             calls.append(_Call(str(samples[0].attributes.get(REQUEST_ID) or ""), [samples]))
-        elif call.prompts[0] is samples:
-            calls.append(call)
+        elif folded_into.prompts[0] is samples:
+            calls.append(folded_into)
     return calls
 
 
