@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from tt_testkit import ServeProcess, start_serve
+from tt_testkit import ServeProcess, machine_share, start_serve
 
 #: Fixtures that start a real process or browser: a test that uses one is `slow`.
 SLOW_FIXTURES = frozenset({"serve", "serve_sdk", "browser", "page"})
@@ -44,36 +42,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     # outermost (tryfirst), so the wait for the machine is not counted in a test's timeout
-    with _machine_share(item.config, alone=item.get_closest_marker("alone") is not None):
-        return (yield)
-
-
-@contextmanager
-def _machine_share(config: pytest.Config, alone: bool) -> Iterator[None]:
-    """Holds the machine shared with the other pytest-xdist workers, or to itself (`alone`).
-
-    A test marked `alone` (the demo's real-time load) waits for the tests running on other
-    workers to end, and they wait for it: a file lock that every test holds shared and an
-    `alone` test holds exclusive.  The turnstile lets an `alone` test in before tests that
-    asked after it, or the other workers' stream of tests would hold it off."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        yield  # one process: nothing runs beside a test
-        return
+        return (yield)  # one process: nothing runs beside a test
     # each worker's basetemp is <the run's basetemp>/<worker id>: the parent is this run's own
-    run_dir = Path(config.option.basetemp).parent
-    with open(run_dir / "machine.turnstile", "a") as turnstile, open(run_dir / "machine.lock", "a") as lock:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            if not alone:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            if alone:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
+    run_dir = Path(item.config.option.basetemp).parent
+    with machine_share(run_dir, alone=item.get_closest_marker("alone") is not None):
+        return (yield)
 
 
 @pytest.fixture

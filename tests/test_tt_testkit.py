@@ -1,5 +1,6 @@
-"""The test kit's own promises: the ports it hands out never repeat in one test process, and
-`serve` started on ports taken meanwhile is started again on others."""
+"""The test kit's own promises: the ports it hands out never repeat in one test process,
+`serve` started on ports taken meanwhile is started again on others, and a test marked
+`alone` has the machine to itself among pytest-xdist's workers."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from typing import Any
 
 import pytest
 import tt_testkit
+
+#: how long a test that must stay held is given to get in anyway
+HELD_S = 0.2
 
 
 class _KernelGivingBackTheSamePort:
@@ -82,3 +86,39 @@ def test_start_serve_starts_again_on_new_ports_when_one_was_taken(
             assert server.proc.poll() is None
         finally:
             server.stop()
+
+
+def test_a_test_alone_waits_for_the_running_ones_and_holds_off_those_that_ask_after_it(
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    entered = {name: threading.Event() for name in ("running", "alone", "later")}
+    leave = {name: threading.Event() for name in entered}
+    order: list[str] = []
+
+    def run(name: str) -> None:
+        with tt_testkit.machine_share(tmp_path, alone=name == "alone"):
+            order.append(name)
+            entered[name].set()
+            leave[name].wait(30)
+
+    threads = {name: threading.Thread(target=run, args=(name,), daemon=True) for name in entered}
+    try:
+        threads["running"].start()
+        assert entered["running"].wait(10)
+        threads["alone"].start()
+        assert not entered["alone"].wait(HELD_S)  # a test still runs: alone waits
+        threads["later"].start()
+        assert not entered["later"].wait(HELD_S)  # asked after alone: waits for it
+        leave["running"].set()
+        assert entered["alone"].wait(10)
+        assert not entered["later"].wait(HELD_S)  # nothing beside a test alone
+        leave["alone"].set()
+        assert entered["later"].wait(10)
+        assert order == ["running", "alone", "later"]
+    finally:
+        for event in leave.values():
+            event.set()
+        for thread in threads.values():
+            thread.join(10)

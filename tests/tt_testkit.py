@@ -6,6 +6,7 @@ module, because `conftest` names collide.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -206,6 +207,30 @@ def wait_started(server: ServeProcess, timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"serve wrote no note beside {server.db} in {timeout} s")
         time.sleep(0.02)
+
+
+@contextmanager
+def machine_share(run_dir: Path, alone: bool) -> Iterator[None]:
+    """Holds the machine shared with the other pytest-xdist workers of the run whose files
+    are in `run_dir`, or to itself (`alone`) while the block runs.
+
+    A test marked `alone` (the demo's real-time load) waits for the tests running on other
+    workers to end, and they wait for it: a file lock that every test holds shared and an
+    `alone` test holds exclusive.  The turnstile lets an `alone` test in before tests that
+    asked after it, or the other workers' stream of tests would hold it off."""
+    with open(run_dir / "machine.turnstile", "a") as turnstile, open(run_dir / "machine.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 @contextmanager
