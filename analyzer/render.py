@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tokentrace._words import counted, noun
+from tokentrace.analyzer import render_coverage as cov
 from tokentrace.analyzer.diagnosis._base import MAX_EXAMPLES
 from tokentrace.analyzer.report import BUCKETS, PERCENTILES
 
@@ -273,6 +274,8 @@ def render_text(report: dict[str, Any]) -> str:
     ]
     if not req["count"]:
         lines.append(no_requests_message(report))
+        unmatched = cov.unmatched_line(report)
+        lines += ["", printable(unmatched)] if unmatched else []
         return "\n".join(lines) + "\n"
     lines.append(f"{'latency':<12}" + "".join(f"{p:>11}" for p in PERCENTILES))
     labels = {
@@ -324,7 +327,25 @@ def render_text(report: dict[str, Any]) -> str:
             lines.append(f"       example traces: {printable(', '.join(f['example_traces'][:EXAMPLES_SHOWN]))}")
         elif shows_no_examples(f):
             lines.append(f"       example traces: {NO_EXAMPLES.format(**KEEP_MORE_OPTIONS)}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _text_coverage(report)) + "\n"
+
+
+def _text_coverage(report: dict[str, Any]) -> list[str]:
+    """Gives the coverage section of the text report (none for a report without one)."""
+    if not cov.has_coverage(report):
+        return []
+    lines = ["", f"{cov.TITLE.lower()}: {cov.WHAT}"]
+    signals = cov.signals_line(report)
+    lines += [f"  {printable(signals)}"] if signals else []
+    checked = cov.checked(report)
+    lines += [f"  checked: {', '.join(checked)}"] if checked else []
+    missing = cov.unchecked(report)
+    if missing:
+        lines.append("  not checkable:")
+        lines += [f"    - {complaint}: {printable(why)}" for complaint, why in missing]
+    unmatched = cov.unmatched_line(report)
+    lines += [f"  {printable(unmatched)}"] if unmatched else []
+    return lines
 
 
 def _md_escape(text: object) -> str:
@@ -367,6 +388,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     if not req["count"]:
         out.append(_md_escape(no_requests_message(report)))
+        unmatched = cov.unmatched_line(report)
+        out += ["", _md_escape(unmatched)] if unmatched else []
         return "\n".join(out) + "\n"
     out += ["## Latency", "", "| | " + " | ".join(PERCENTILES) + " |", "|---|" + "---:|" * len(PERCENTILES)]
     for key, label in (("e2e", "end-to-end"), ("ttft", "TTFT"), ("ttft_client", "TTFT (user)"),
@@ -410,4 +433,23 @@ def render_markdown(report: dict[str, Any]) -> str:
         elif shows_no_examples(f):
             codes = {k: _md_code(v) for k, v in KEEP_MORE_OPTIONS.items()}
             out.append("   - Example traces: " + NO_EXAMPLES.format(**codes))
-    return "\n".join(out) + "\n"
+    return "\n".join(out + _md_coverage(report)) + "\n"
+
+
+def _md_coverage(report: dict[str, Any]) -> list[str]:
+    """Gives the coverage section of the markdown report (none for a report without one)."""
+    if not cov.has_coverage(report):
+        return []
+    out = ["", f"## {cov.TITLE}", "", f"_{_md_escape(cov.WHAT)}_", ""]
+    signals = cov.signals_line(report)
+    out += [f"- {_md_escape(signals)}"] if signals else []
+    checked = cov.checked(report)
+    out += ["- checked: " + ", ".join(_md_code(c) for c in checked)] if checked else []
+    missing = cov.unchecked(report)
+    if missing:
+        out.append("- not checkable:")
+        out += [f"  - {_md_code(complaint)}: {_md_escape(why)}" for complaint, why in missing]
+    unmatched = cov.unmatched_line(report)
+    out += [f"- {_md_escape(unmatched)}"] if unmatched else []
+    return out
+

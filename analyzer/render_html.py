@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote
 
+from tokentrace.analyzer import render_coverage as cov
 from tokentrace.analyzer.render import (
     EXAMPLES_SHOWN,
     FINDINGS_ORDER,
@@ -251,6 +252,26 @@ def _itl_svg(hist: list[dict[str, Any]]) -> str:
     return "".join(parts)
 
 
+def _coverage(report: dict[str, Any]) -> str:
+    """Gives the coverage section: the signals, the complaints not checkable and what to add,
+    the traces of no known convention (empty for a report without one)."""
+    if not cov.has_coverage(report):
+        return ""
+    parts = [f"<h2>{_e(cov.TITLE)}</h2>", f'<p class="note">{_e(cov.WHAT)}</p>']
+    signals = cov.signals_line(report)
+    parts += [f"<p>{_e(signals)}</p>"] if signals else []
+    checked = cov.checked(report)
+    if checked:
+        parts.append("<p>checked: " + ", ".join(f"<code>{_e(c)}</code>" for c in checked) + "</p>")
+    missing = cov.unchecked(report)
+    if missing:
+        items = "".join(f"<li><code>{_e(c)}</code>: {_e(why)}</li>" for c, why in missing)
+        parts.append(f'<p>not checkable:</p><ul class="unchecked">{items}</ul>')
+    unmatched = cov.unmatched_line(report)
+    parts += [f'<p class="unmatched">{_e(unmatched)}</p>'] if unmatched else []
+    return "".join(parts)
+
+
 def render_html(report: dict[str, Any], explorer: str | None = None) -> str:
     """Gives the report as one self-contained HTML page with inline SVG charts; with
     `explorer` (the server's URL, `report --url`) its example traces link to their pages."""
@@ -295,6 +316,7 @@ def render_html(report: dict[str, Any], explorer: str | None = None) -> str:
         body += [
             "<h2>Diagnosis</h2>",
             "".join(findings) or "<p>No latency complaint stands out in this window.</p>",
+            _coverage(report),
             "<h2>Latency</h2><table><tr><th></th>" + "".join(f"<th>{_e(p)}</th>" for p in PERCENTILES) + "</tr>",
             "".join(rows) + "</table>",
             _legend(terms["latency"]),
@@ -306,5 +328,7 @@ def render_html(report: dict[str, Any], explorer: str | None = None) -> str:
         ]
     else:
         body.append(f"<p>{_e(no_requests_message(report))}</p>")
+        unmatched = cov.unmatched_line(report)
+        body += [f'<p class="unmatched">{_e(unmatched)}</p>'] if unmatched else []
     body.append("</body></html>\n")
     return "\n".join(body)

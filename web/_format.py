@@ -11,6 +11,7 @@ import jinja2
 from markupsafe import Markup
 
 from tokentrace._words import noun
+from tokentrace.analyzer import render_coverage
 from tokentrace.analyzer.diagnosis import COMPLAINTS, TITLES
 from tokentrace.analyzer.diagnosis._base import MIN_REQUESTS
 from tokentrace.analyzer.render import (
@@ -129,4 +130,8 @@ def install(env: jinja2.Environment) -> None:
         qs=qs, checks=CHECKS, min_diagnosis_requests=MIN_REQUESTS, coverage_notes=coverage_notes,
         approximate=approximate, itl_approximate=ITL_APPROXIMATE, latency_terms=LATENCY_TERMS,
         shows_no_examples=shows_no_examples, no_examples=NO_EXAMPLES.format(**KEEP_MORE_OPTIONS),
+        has_coverage=render_coverage.has_coverage, coverage_title=render_coverage.TITLE,
+        coverage_what=render_coverage.WHAT, coverage_signals=render_coverage.signals_line,
+        coverage_unchecked=render_coverage.unchecked, coverage_checked=render_coverage.checked,
+        coverage_unmatched=render_coverage.unmatched_line,
     )

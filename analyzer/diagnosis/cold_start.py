@@ -1,6 +1,14 @@
-"""`cold_start`: the first requests of an instance (start, deploy, idle) pay initialization."""
+"""`cold_start`: the first requests of an instance (start, deploy, idle) pay initialization.
+
+Cold requests are the SDK's marked ones, those that started during an engine start-up of
+their instance or soon after it (`engine_starts`: vLLM's start-up trace, whose phases the
+evidence names), and an instance's first request where the window shows several instances.
+"""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 from tokentrace._words import counted
 from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms
@@ -15,10 +23,19 @@ MIN_INSTANCES = 2
 #: first request): a finding needs cold requests on MIN_INSTANCES instances, or this many
 #: on fewer (one instance going cold again after each idle gap).
 MIN_COLD_REQUESTS = 3
+#: A request that starts this soon after its instance's engine started is still cold: the
+#: first batches after loading pay what loading left (allocations, kernels' first runs, a
+#: gateway's backlog of requests that waited for the instance).
+AFTER_START_NS = 30 * 10**9
+#: The start-ups named in the evidence at most, and the phases named for each: vLLM's
+#: informative ones first (the others wrap them), else the longest.
+MAX_STARTS_SHOWN = 3
+SHOWN_PHASES = ("Load weights", "Load model", "Allocate KV cache", "Prepare model")
+MAX_PHASES_SHOWN = 3
 
 
 def detect(ctx: Context) -> Finding | None:
-    rows = {r["cold"]: r for r in ctx.query("diag_cold_start", [MIN_INSTANCES])}
+    rows = {r["cold"]: r for r in ctx.query("diag_cold_start", [AFTER_START_NS, MIN_INSTANCES])}
     cold, warm = rows.get(True), rows.get(False)
     if not cold or not warm or warm["n"] < MIN_WARM:
         return None
@@ -34,10 +51,19 @@ def detect(ctx: Context) -> Finding | None:
             f"waited {ms(cold['wait_p50'])} "
             f"for the first token (p50) vs {ms(warm['wait_p50'])} once warm ({ratio:.1f}×)",
             cold_requests=cold["n"], instances=cold["instances"], cold_ttft_p50_ms=cold["wait_p50"],
-            warm_ttft_p50_ms=warm["wait_p50"], ratio=ratio,
+            warm_ttft_p50_ms=warm["wait_p50"], ratio=ratio, after_start=cold["after_start"],
         )
     ]
-    affected, examples = ctx.traces(ctx.query("affected_cold_start", [MIN_INSTANCES]))
+    fix_lead = None
+    if cold["after_start"]:
+        starts = _starts(ctx)
+        evidence += starts
+        if starts:
+            fix_lead = (
+                "Send an instance no traffic until its engine has loaded and served a warm-up "
+                f"request (a readiness check that waits for it): its start-up took {ms(starts[0]['startup_ms'])}"
+            )
+    affected, examples = ctx.traces(ctx.query("affected_cold_start", [AFTER_START_NS, MIN_INSTANCES]))
     strength = (ratio - MIN_RATIO) / 3 + min(1.0, gain / 2000.0)
     total = float(ctx.overview.get("e2e_total") or 1.0)
     return Finding(
@@ -48,4 +74,45 @@ def detect(ctx: Context) -> Finding | None:
         affected_trace_ids=affected,
         affected_count=affected.total,
         example_traces=examples,
+        fix_lead=fix_lead,
     )
+
+
+def _phases(text: str) -> dict[str, float]:
+    try:
+        phases = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(phases, dict):
+        return {}
+    return {str(k): float(v) for k, v in phases.items() if isinstance(v, (int, float))}
+
+
+def shown_phases(phases: dict[str, float]) -> list[tuple[str, float]]:
+    """Gives the phases a start-up's evidence names: vLLM's informative ones where it has
+    them, else its longest (the first is the whole start-up: said on its own)."""
+    named = [(p, phases[p]) for p in SHOWN_PHASES if p in phases]
+    if named:
+        return named[:MAX_PHASES_SHOWN]
+    rest = sorted(list(phases.items())[1:], key=lambda kv: -kv[1])
+    return rest[:MAX_PHASES_SHOWN]
+
+
+def _starts(ctx: Context) -> list[dict[str, Any]]:
+    """Gives an evidence line per engine start-up behind the cold requests (the first few)."""
+    lines = []
+    for s in ctx.query("diag_engine_starts", [AFTER_START_NS])[:MAX_STARTS_SHOWN]:
+        phases = _phases(s["phases"])
+        took = (s["end_ns"] - s["start_ns"]) / 1e6
+        said = ", ".join(f"{name} {ms(v)}" for name, v in shown_phases(phases))
+        lines.append(
+            ev(
+                f"instance {s['instance']} started up in {ms(took)}"
+                + (f" ({said})" if said else "")
+                + f"; its {counted(s['requests'], 'request')} during that or in the "
+                f"{AFTER_START_NS // 10**9} s after waited {ms(s['wait_p50'])} (p50)",
+                instance=s["instance"], startup_ms=took, phases=phases, requests=s["requests"],
+                wait_p50_ms=s["wait_p50"],
+            )
+        )
+    return lines

@@ -21,6 +21,9 @@ from tokentrace.analyzer.diagnosis._base import MIN_REQUESTS, TITLES, Context
 START_LOOKBACK_NS = 600 * 10**9
 #: Root span names the coverage lists at most (the rest are counted).
 MAX_ROOT_NAMES = 8
+#: Most characters of a name from the spans (an environment, a tenant, a root span) that a
+#: coverage sentence carries: a sender's 20,000-character value is no name to read.
+MAX_NAME_CHARS = 80
 #: Token-time sources, as `requests.token_times_source` names them.
 TOKEN_TIME_SOURCES = ("server", "client", "none")
 #: What an engine gives that the SDK would: said where a signal is missing.
@@ -97,8 +100,14 @@ def _counts(histogram: Any) -> dict[str, int]:
     return {str(k): int(v) for k, v in sorted(items.items(), key=lambda kv: (-kv[1], str(kv[0])))}
 
 
+def short(name: object) -> str:
+    """Gives a name from the spans as a coverage sentence carries it: cut to MAX_NAME_CHARS."""
+    text = str(name)
+    return text if len(text) <= MAX_NAME_CHARS else text[: MAX_NAME_CHARS - 1] + "…"
+
+
 def _named(values: list[str]) -> str:
-    shown = ", ".join(values[:4])
+    shown = ", ".join(short(v) for v in values[:4])
     return shown + (f" and {len(values) - 4} more" if len(values) > 4 else "")
 
 
@@ -120,7 +129,7 @@ def _environments(s: Signals) -> str | None:
     names = list(envs)
     if len(names) == 1:
         return (
-            f"only one environment ({names[0]}) on the traces: tag the other deployments' traces "
+            f"only one environment ({short(names[0])}) on the traces: tag the other deployments' traces "
             "with theirs (deployment.environment.name)"
         )
     prod = [e for e in names if bad_in_production.is_prod(e)]
@@ -133,7 +142,7 @@ def _environments(s: Signals) -> str | None:
         return f"only production environments on the traces ({_named(names)}): tag another deployment's traces"
     side = bad_in_production.MIN_PER_SIDE
     if max(envs[e] for e in prod) < side or max(envs[e] for e in names if e not in prod) < side:
-        shown = ", ".join(f"{e}: {envs[e]}" for e in names[:4])
+        shown = ", ".join(f"{short(e)}: {envs[e]}" for e in names[:4])
         return f"too few requests to compare environments ({shown}; {side} on each side needed)"
     return None
 
@@ -164,7 +173,7 @@ def _tenants(s: Signals) -> str | None:
     if not s.tenants:
         return f"no tenant on the traces: {where}"
     if s.tenants == 1:
-        return f"only one tenant ({s.tenant_names[0] if s.tenant_names else '?'}) on the traces: {where}"
+        return f"only one tenant ({short(s.tenant_names[0]) if s.tenant_names else '?'}) on the traces: {where}"
     return None
 
 
