@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,16 @@ import pytest
 from hostile import generate_hostile
 from tracegen import GeneratedRequest, generate, generate_emitters
 from tt_testkit import explorer
-from web_testkit import CHROMIUM, CHROMIUM_ARGS, HostileServer, WebServer
+from web_testkit import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    MANY_SPANS,
+    ONE_SLICE_COUNT,
+    ONE_SLICE_STEP_NS,
+    HostileServer,
+    WebServer,
+    edited_copy,
+)
 
 
 @pytest.fixture(scope="session")
@@ -48,31 +56,11 @@ def emitters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, di
 IDLE_NS = 600 * 10**9
 
 
-def _edited_copy(
-    generated: tuple[Path, list[GeneratedRequest]],
-    tmp_path_factory: pytest.TempPathFactory,
-    name: str,
-    *statements: tuple[str, list[Any]],
-) -> Iterator[WebServer]:
-    """Serves a copy of the generated database with `statements` (SQL, parameters) run on it."""
-    src, requests = generated
-    db = tmp_path_factory.mktemp(name) / "web.duckdb"
-    shutil.copy(src, db)
-    conn = duckdb.connect(str(db))
-    try:
-        for sql, params in statements:
-            conn.execute(sql, params)
-    finally:
-        conn.close()
-    with explorer(db) as url:
-        yield WebServer(url, db, requests)
-
-
 @pytest.fixture(scope="session")
 def edited(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
     """A copy of the generated database with what real traffic has and the generator lacks:
     requests of 10 s and more, requests without a tenant, and ten idle minutes mid-way."""
-    yield from _edited_copy(
+    yield from edited_copy(
         generated,
         tmp_path_factory,
         "webdb-edited",
@@ -80,11 +68,6 @@ def edited(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pyt
         ("UPDATE requests SET tenant = '' WHERE request_id IN ('req-0001', 'req-0002')", []),
         ("UPDATE requests SET start_ns = start_ns + ? WHERE request_id >= 'req-0060'", [IDLE_NS]),
     )
-
-
-#: The one-slice database's requests: ONE_SLICE_COUNT of them, ONE_SLICE_STEP_NS apart.
-ONE_SLICE_COUNT = 5
-ONE_SLICE_STEP_NS = 80_000_000
 
 
 @pytest.fixture(scope="session")
@@ -111,7 +94,7 @@ def one_slice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
 @pytest.fixture(scope="session")
 def two_services(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
     """A copy of the generated database whose second half of requests comes from another service."""
-    yield from _edited_copy(
+    yield from edited_copy(
         generated,
         tmp_path_factory,
         "webdb-two-services",
@@ -119,16 +102,12 @@ def two_services(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factor
     )
 
 
-#: Spans added to the many-spans database's first kept trace (the reviewer's agent trace had 5,000).
-MANY_SPANS = 4_000
-
-
 @pytest.fixture(scope="session")
 def many_spans(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
     """A copy of the generated database whose first kept trace (by trace id) has MANY_SPANS more
     spans under its request span, as an agent's tool calls: the first hundred its children, each
     of the rest a child of one of those."""
-    yield from _edited_copy(
+    yield from edited_copy(
         generated,
         tmp_path_factory,
         "webdb-many-spans",
@@ -148,7 +127,7 @@ def many_spans(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory:
 def few_user_ttft(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
     """A copy of the generated database in which only the first request's client span measured
     the user's TTFT (the others came without one)."""
-    yield from _edited_copy(
+    yield from edited_copy(
         generated,
         tmp_path_factory,
         "webdb-few-user-ttft",

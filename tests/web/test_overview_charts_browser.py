@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import ONE_SLICE_COUNT
 from test_durations_browser import RECORD_CANVAS_TEXT
-from web_testkit import BROWSER_MARKS, WebServer
+from web_testkit import BROWSER_MARKS, ONE_SLICE_COUNT, WebServer
 
 from tokentrace.web._format import ms
 

@@ -21,9 +21,8 @@ import httpx
 import jinja2
 import markupsafe
 import pytest
-from conftest import _edited_copy
 from tracegen import GeneratedRequest
-from web_testkit import BROWSER_MARKS, WebServer
+from web_testkit import BROWSER_MARKS, WebServer, edited_copy
 
 from tokentrace.analyzer.diagnosis import COMPLAINTS, TITLES
 from tokentrace.analyzer.render import format_ms
@@ -42,7 +41,7 @@ def _shot(page: Any, tmp_path: Path, name: str) -> None:
 @pytest.fixture(scope="module")
 def empty(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
     """A database that has received nothing yet."""
-    yield from _edited_copy(
+    yield from edited_copy(
         generated, tmp_path_factory, "webdb-empty",
         ("DELETE FROM requests", []), ("DELETE FROM spans", []), ("DELETE FROM kept_traces", []),
     )  # fmt: skip
@@ -51,7 +50,7 @@ def empty(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pyte
 @pytest.fixture(scope="module")
 def cpu_only(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
     """The generated traffic served by a server without GPU metrics (a CPU server)."""
-    yield from _edited_copy(generated, tmp_path_factory, "webdb-cpu", ("DELETE FROM gpu_samples", []))
+    yield from edited_copy(generated, tmp_path_factory, "webdb-cpu", ("DELETE FROM gpu_samples", []))
 
 
 # --- 1. the overview: which number is over what --------------------------------------------------

@@ -14,8 +14,7 @@ from typing import Any
 import duckdb
 import httpx
 import pytest
-from conftest import MANY_SPANS
-from web_testkit import BROWSER_MARKS, WebServer
+from web_testkit import BROWSER_MARKS, MANY_SPANS, WebServer
 
 pytestmark = BROWSER_MARKS
 
