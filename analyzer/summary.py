@@ -36,6 +36,9 @@ FLAG_MODEL_UNNAMED = "model_unnamed"
 #: in Python, Go and JS): its chunk times are not the whole stream, and its first kept
 #: chunk is not the first token.
 FLAG_CLIENT_EVENTS_DROPPED = "client_events_dropped"
+#: Seen only by its client, a stream that ended without a finish reason (the client closed
+#: it, or the connection dropped): the answer was cut short, so the request is an error.
+FLAG_STREAM_ABORTED = "stream_aborted"
 #: Token counts are INTEGER columns (the `requests` table).
 MAX_TOKEN_COUNT = 2**31 - 1
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from tokentrace.analyzer import summary as s
 from tokentrace.analyzer.buckets import NS_PER_MS, partition
+from tokentrace.analyzer.conventions._client_errors import stream_aborted
 from tokentrace.analyzer.conventions._client_times import (
     CHUNK_EVENTS,
     FIRST_TOKEN_EVENT,
@@ -118,6 +119,9 @@ def summarize_client(trace: TraceView, client: Span) -> s.RequestSummary:
         decode_ns=decode_ns or 0,
     )
     flags = [s.FLAG_SERVER_UNSEEN]
+    aborted = stream_aborted(client)  # no server span tells of it: vLLM sends none
+    if aborted:
+        flags.append(s.FLAG_STREAM_ABORTED)
     if not offsets:
         flags.append(s.FLAG_NO_TOKEN_TIMES)
     root = server if server is not None else client
@@ -138,6 +142,7 @@ def summarize_client(trace: TraceView, client: Span) -> s.RequestSummary:
         reader=rd,
         extra_model_keys=MODEL_KEYS,
         decode_measured=decode_ns is not None,
+        error=aborted,
     )
     summary.start_ns = client.start_ns
     summary.ttft_client_ms = ttft_client

@@ -60,21 +60,12 @@ def test_big_tenants_slower_is_found(tmp_path: Path) -> None:
     assert _complaints(_report(tmp_path, "tenants"))[:1] == ["big_tenants_slower"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22: no trace names a deployment environment, yet bad_in_production is "
-    "asserted from load levels (a complaint whose defining contrast the data lacks)",
-)
 def test_no_environment_no_bad_in_production(tmp_path: Path) -> None:
     rep = _report(tmp_path, *VLLM_CLIENT_RUNS)
     assert rep["requests"]["count"] >= 100
     assert "bad_in_production" not in _complaints(rep)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22: aborted streams with no vLLM span are not counted as errors",
-)
 def test_errors_count_what_only_the_client_saw(tmp_path: Path) -> None:
     rec = load("client_errors")
     served = {s.trace_id for s in rec.llm_requests()}
@@ -83,11 +74,6 @@ def test_errors_count_what_only_the_client_saw(tmp_path: Path) -> None:
     assert _report(tmp_path, "client_errors")["requests"]["errors"] == len(failed)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22: vLLM's start-up trace (weights, KV cache: the cold-start evidence) "
-    "yields no request and is sampled away as unremarkable",
-)
 def test_startup_trace_is_kept(tmp_path: Path) -> None:
     from tokentrace.store.connection import open_read_only
 

@@ -210,10 +210,6 @@ def test_token_times_source(live: LiveRun, name: str, source: str) -> None:
     assert {rows[m["trace_id"]]["token_times_source"] for m in live.answered(name)} == {source}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22: vLLM's start-up trace reaches serve and is sampled away (no request)",
-)
 def test_startup_trace_is_kept(live: LiveRun) -> None:
     stored = live.query("SELECT name FROM spans WHERE name = 'Overall Loading'")
     assert len(stored) == 1

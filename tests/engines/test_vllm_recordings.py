@@ -259,10 +259,6 @@ def test_traffic_class_from_the_wrapping_application_span(rows_of: Any) -> None:
         assert rows[m["trace_id"]]["traffic_class"] == m["traffic_class"], m["key"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22: a stream the client aborted, with no vLLM span, is not an error",
-)
 def test_aborted_without_server_span_is_an_error(rows_of: Any) -> None:
     served = {s.trace_id for s in load("client_errors").llm_requests()}
     rows = _by_trace(rows_of("client_errors"))
