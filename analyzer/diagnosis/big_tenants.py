@@ -3,7 +3,11 @@
 Tenants are split by volume (tokens, else requests): the heaviest tenants
 holding at least half the volume against the rest.  The signal is a queue that
 differs by tenant group, which a fair FIFO server would not show; shared
-batches (engine steps holding both groups' requests) are the mechanism.
+batches (engine steps holding both groups' requests) are the mechanism.  Where
+both groups queue alike (a FIFO engine: the heavy tenant's burst fills the
+queue for everyone), the lighter tenants' own contrast stands in: their wait
+for the first token when the heavy tenants had requests in flight on their
+instance against when they had none.
 """
 
 from __future__ import annotations
@@ -17,6 +21,11 @@ MIN_PER_TENANT = 10
 MIN_QUEUE_RATIO = 2.0
 MIN_QUEUE_P95_MS = 50.0
 MIN_E2E_RATIO = 1.3
+#: The lighter tenants beside the heavy ones' requests against without them: requests on
+#: each side, and how much longer they must wait for the first token (times, and ms more).
+MIN_BESIDE = 5
+MIN_BESIDE_RATIO = 3.0
+MIN_BESIDE_GAIN_MS = 200.0
 
 
 def detect(ctx: Context) -> Finding | None:
@@ -45,7 +54,8 @@ def detect(ctx: Context) -> Finding | None:
     q_ratio = worse["queue_p95"] / max(better["queue_p95"], 1.0)
     e_ratio = worse["e2e_p95"] / max(better["e2e_p95"], 1e-9)
     if worse["queue_p95"] < MIN_QUEUE_P95_MS or q_ratio < MIN_QUEUE_RATIO or e_ratio < MIN_E2E_RATIO:
-        return None
+        light_names = [r["tenant"] for r in light]
+        return _beside_heavy(ctx, heavy_names, light_names, cls, acc / max(total, 1e-9), h["e2e_total"])
     many = len(worse_rows) > 1
     who = ("the heaviest tenants" if many else "the heaviest tenant") if worse is h else (
         "lighter tenants" if many else "the lighter tenant")
@@ -84,6 +94,55 @@ def detect(ctx: Context) -> Finding | None:
         COMPLAINT,
         confidence(strength, int(min(h["n"], lt["n"]))),
         impact=worse["queue_share"] * worse["e2e_total"] / max(h["e2e_total"] + lt["e2e_total"], 1e-9) + 0.2,
+        evidence=evidence,
+        affected_trace_ids=affected,
+        affected_count=affected.total,
+        example_traces=examples,
+    )
+
+
+def _beside_heavy(
+    ctx: Context, heavy: list[str], light: list[str], cls: str | None, heavy_share: float,
+    heavy_e2e_ms: float | None,
+) -> Finding | None:
+    """Gives the finding where the lighter tenants wait far longer for their first token while
+    the heavy tenants have requests in flight on their instance than while they have none.
+    Its impact is the E2E of the heavy requests and of the light ones beside them: the
+    heavy tenants' traffic fills the queue they all wait in."""
+    rows = {r["beside"]: r for r in ctx.query("diag_tenant_beside", [heavy, cls, cls])}
+    beside, alone = rows.get(True), rows.get(False)
+    if not beside or not alone or beside["n"] < MIN_BESIDE or alone["n"] < MIN_BESIDE:
+        return None
+    wait, base = beside["wait_p50"] or 0.0, alone["wait_p50"] or 0.0
+    ratio = wait / max(base, 1e-9)
+    if ratio < MIN_BESIDE_RATIO or wait - base < MIN_BESIDE_GAIN_MS:
+        return None
+    whose = f"{cls} requests: " if cls else ""
+    light_names, heavy_names = ", ".join(light[:5]), ", ".join(heavy[:5])
+    evidence = [
+        ev(
+            f"{whose}the lighter tenants ({light_names}) wait {ms(wait)} for the first token (p50) "
+            f"when {heavy_names} {'have' if len(heavy) > 1 else 'has'} requests in flight on their "
+            f"instance vs {ms(base)} when not ({ratio:.1f}×); their queue p50 {ms(beside['queue_p50'])} "
+            f"vs {ms(alone['queue_p50'])}",
+            wait_p50_ms=wait, baseline_wait_p50_ms=base, ratio=ratio, queue_p50_ms=beside["queue_p50"],
+            baseline_queue_p50_ms=alone["queue_p50"], requests=beside["n"], baseline_requests=alone["n"],
+            heavy_in_flight_p50=beside["in_flight_p50"],
+        ),
+        ev(
+            f"{heavy_names} {'send' if len(heavy) > 1 else 'sends'} {pct(heavy_share)} of the "
+            f"{f'{cls} ' if cls else ''}volume; both groups queue alike, so the heavy requests fill "
+            "the queue everyone waits in",
+            heavy_volume_share=heavy_share,
+        ),
+    ]
+    affected, examples = ctx.traces(ctx.query("affected_tenants_beside", [heavy, cls, cls]))
+    strength = (ratio - MIN_BESIDE_RATIO) / 3 + min(1.0, (wait - base) / 2000.0)
+    total = float(ctx.overview.get("e2e_total") or 1.0)
+    return Finding(
+        COMPLAINT,
+        confidence(strength, beside["n"] + alone["n"]),
+        impact=((beside["e2e_total"] or 0.0) + (heavy_e2e_ms or 0.0)) / total + 0.2,
         evidence=evidence,
         affected_trace_ids=affected,
         affected_count=affected.total,

@@ -142,7 +142,7 @@ def _prefills_beside(ctx: Context, r: dict[str, Any]) -> tuple[dict[str, Any], f
     the finding's strength, and whether it links the stalls to them; None where no stream
     could be compared."""
     bar = max(STALL_MIN_MS, PREFILL_SHARE_OF_STALL * float(r.get("stalled_max_p50") or 0.0))
-    rows = {x["stalled"]: x for x in ctx.query("diag_stutter_overlap", [bar])}
+    rows = {x["stalled"]: x for x in ctx.query("diag_stutter_overlap", [bar, MIN_LARGE_PREFILL_TOKENS])}
     s, smooth = rows.get(True), rows.get(False)
     if not s or not smooth or not s["n"] or not smooth["n"]:
         return None
@@ -159,9 +159,9 @@ def _prefills_beside(ctx: Context, r: dict[str, Any]) -> tuple[dict[str, Any], f
         )
     else:
         text = (
-            f"no engine steps in this window, and no other request's prefill of ≥ {ms(bar)} ran on "
-            "a stalled stream's instance while it decoded: the freezes have another cause (the "
-            "host, the network, the client)"
+            f"no engine steps in this window, and no other request's prefill of ≥ {ms(bar)} (of a "
+            f"prompt of ≥ {MIN_LARGE_PREFILL_TOKENS} tokens) ran on a stalled stream's instance while "
+            "it decoded: the freezes have another cause (the host, the network, the client)"
         )
     line = ev(
         text, stalled_with_long_prefill=fs, smooth_with_long_prefill=fm, long_prefill_ms=bar,

@@ -1,6 +1,8 @@
 -- Without engine steps, the request-level view of what froze streams: did another request's
--- prefill of ? ms or more run on the stream's instance (same service and instance) while it
--- decoded, for stalled streams more often than for smooth ones?
+-- prefill of ? ms or more, of a large prompt (? tokens or more, where the count is known: a
+-- small prompt's prefill is long because it waits in a full batch, not because it blocks
+-- one), run on the stream's instance (same service and instance) while it decoded, for
+-- stalled streams more often than for smooth ones?
 -- Each request is placed by its first token: where the user saw it (`start_ns` is the
 -- client's start, `ttft_client_ms` after it), else the server's TTFT after half the network
 -- (the wire's two ways are not split), else after the start; its prefill ran the prefill
@@ -22,7 +24,7 @@ WITH placed AS MATERIALIZED (
 big AS MATERIALIZED (
     SELECT trace_id, request_id, service, instance, prompt_tokens, prefill_ms,
            first_ns - prefill_ns AS p0, first_ns AS p1, (first_ns - prefill_ns) // 1000000000 AS second
-    FROM placed WHERE prefill_ms >= ?
+    FROM placed WHERE prefill_ms >= ? AND (prompt_tokens IS NULL OR prompt_tokens >= ?)
 ),
 streams AS MATERIALIZED (
     SELECT trace_id, request_id, service, instance, stalled, first_ns AS d0, first_ns + decode_ns AS d1

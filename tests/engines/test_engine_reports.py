@@ -49,13 +49,6 @@ def test_stutter_is_found(tmp_path: Path) -> None:
     assert _complaints(_report(tmp_path, "stutter"))[:1] == ["stutter"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22: the tenant is read from handle_request now, but the heavy tenant queues "
-    "as long as the light ones (queue p50 ~430 ms against ~440-500 ms): big_tenants_slower's "
-    "contrast of the queue by tenant group does not hold; the light tenants' TTFT beside "
-    "the heavy one's burst against without it would",
-)
 def test_big_tenants_slower_is_found(tmp_path: Path) -> None:
     assert _complaints(_report(tmp_path, "tenants"))[:1] == ["big_tenants_slower"]
 
