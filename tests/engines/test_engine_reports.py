@@ -10,7 +10,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import pytest
 from recordings import VLLM_CLIENT_RUNS, import_into, load, report
 
 HEALTHY = ("chat_openllmetry", "chat_openinference", "chat_openai_v2")
