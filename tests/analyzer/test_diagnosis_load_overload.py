@@ -232,6 +232,7 @@ def test_one_environment_is_no_contrast(write_workload) -> None:  # type: ignore
     assert "deployment.environment.name" in missing
 
 
+@pytest.mark.slow
 def test_environments_without_production_are_named(write_workload) -> None:  # type: ignore[no-untyped-def]
     report = build_report(write_workload(_with_environments(workloads.peak_hours(), "staging", "dev")))
     assert "bad_in_production" not in _by_complaint(report["findings"])

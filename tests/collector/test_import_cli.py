@@ -44,6 +44,7 @@ def test_import_with_baseline_one_keeps_it_whole_and_says_nothing_more(tmp_path:
     assert "1 request, 1 trace kept whole" in out and "not kept" not in out
 
 
+@pytest.mark.slow
 def test_a_second_import_says_what_was_new(tmp_path: Path) -> None:
     first = _import(tmp_path, "--baseline", "1")
     assert "1 request, 1 trace kept whole" in first

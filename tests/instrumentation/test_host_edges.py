@@ -298,6 +298,7 @@ def test_uninstrument_openai_leaves_a_wrapper_layered_above_ours(memory_sdk) -> 
             setattr(getattr(openai, name), "__init__", init)  # noqa: B010
 
 
+@pytest.mark.slow
 def test_uninstrument_transformers_leaves_a_wrapper_layered_above_ours() -> None:
     pytest.importorskip("transformers")
     from transformers.generation.utils import GenerationMixin

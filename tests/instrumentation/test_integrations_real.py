@@ -135,6 +135,7 @@ def test_generate_records_one_token_per_step(
     assert "end_phase" not in fresh_log_once.text
 
 
+@pytest.mark.slow
 def test_generate_batch_records_steps_not_sequences(memory_sdk, generate_instrumented) -> None:  # type: ignore[no-untyped-def]
     """A batch of 2 in one request: one token time per step (both sequences' tokens at once)."""
     model = _llama()

@@ -99,6 +99,7 @@ def test_phases_marked_by_another_thread_during_finish_are_not_lost(memory_sdk, 
     assert not [m for m in _warnings(caplog) if "request finish" in m]
 
 
+@pytest.mark.slow
 def test_phases_marked_by_a_scheduler_thread_while_requests_finish(memory_sdk, caplog) -> None:  # type: ignore[no-untyped-def]
     """The same with real threads switching as often as Python allows (a smoke test)."""
     interval = sys.getswitchinterval()

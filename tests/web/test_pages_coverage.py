@@ -114,6 +114,7 @@ def test_nothing_found_names_only_what_was_checked(quiet: WebServer) -> None:
     assert f"The window's traces could not show the other {10 - len(checked)}" in page
 
 
+@pytest.mark.slow
 def test_traces_without_requests_are_not_passed_over_in_silence(only_custom_spans: WebServer) -> None:
     report = _get(only_custom_spans, "/api/diagnosis").json()["report"]
     assert report["requests"]["count"] == 0

@@ -59,6 +59,7 @@ def _shown(report: dict[str, Any], key: str, p: str) -> str:
     return f"≈ {figure}" if p in approximate(report, key) else figure
 
 
+@pytest.mark.slow
 def test_estimated_itl_percentiles_read_with_an_approx_sign(web: WebServer) -> None:
     report = _get(web, "/api/diagnosis").json()["report"]
     estimated = report["latency"]["approximate"]["itl"]
