@@ -17,8 +17,9 @@ from tokentrace._words import counted
 from tokentrace.analyzer.diagnosis import bad_in_production, cold_start, stutter
 from tokentrace.analyzer.diagnosis._base import MIN_REQUESTS, TITLES, Context
 
-#: Engine start-ups that ended this long before the window still explain its first requests.
-START_LOOKBACK_NS = 600 * 10**9
+#: Engine start-ups that ended this long before the window still explain its first requests
+#: (those cold_start counts as cold).
+START_LOOKBACK_NS = cold_start.AFTER_START_NS
 #: Root span names the coverage lists at most (the rest are counted).
 MAX_ROOT_NAMES = 8
 #: Most characters of a name from the spans (an environment, a tenant, a root span) that a
