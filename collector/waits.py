@@ -13,7 +13,13 @@
   `traceparent`) has not come: `client_wait` after the root, or `grace` after the
   parent comes.  The reverse of the above: a client that exports on OpenTelemetry's
   default schedule (every 5 s) sends its span after the server's, and decided at
-  `grace` the request would lose its network and the user's TTFT;
+  `grace` the request would lose its network and the user's TTFT.  A parent that
+  comes under a span still to come is the client's HTTP span under its LLM call's
+  (httpx's `POST` under OpenInference's `ChatCompletion`): the HTTP span ends at the
+  response headers, the call's span at the stream's end and later in its export, so
+  the trace is then left to its root's `grace`, or `decision_wait`, as one whose HTTP
+  span came before the server's; decided at `client_wait`, the headers' time would
+  pass for the user's;
 - a trace that waited `decision_wait` (its root never came);
 - when the buffer passes its high-water mark, the oldest traces, early
   (`TraceBuffer.overflow`).
@@ -109,11 +115,15 @@ class DecisionWaits:
         self.for_server = WaitQueue(server_wait_s)
         #: traces rooted in a SERVER span waiting for its parent, the client's span
         self.for_client = WaitQueue(client_wait_s)
+        #: the span each trace in `for_client` waits for: the parent its latest SERVER
+        #: root names (a gateway's SERVER span that came names the client's span above it)
+        self.awaited: dict[str, str] = {}
 
     def _take(self, buffer: TraceBuffer, trace_id: str, out: Ready) -> None:
         out.append((trace_id, buffer.take(trace_id)))
         self.for_server.ids.discard(trace_id)
         self.for_client.ids.discard(trace_id)
+        self.awaited.pop(trace_id, None)
 
     def take_all(self, buffer: TraceBuffer) -> Ready:
         """Gives every buffered trace, oldest first (a forced round: shutdown, import)."""
@@ -123,6 +133,7 @@ class DecisionWaits:
         self.roots.clear()
         self.for_server.queue.clear()
         self.for_client.queue.clear()
+        self.awaited.clear()
         return ready
 
     def take_ready(self, now: int, buffer: TraceBuffer) -> tuple[Ready, int]:
@@ -150,15 +161,23 @@ class DecisionWaits:
                 # (under the client span that waited for it: the server side came)
                 if parent not in ids and for_client.wait_ns > grace:
                     for_client.add(received, trace_id)
+                    self.awaited[trace_id] = parent
                     continue  # its parent may come: decided at client_wait, or
                     # at grace after the parent (a root of its own) comes
             elif for_server.wait_ns > grace and awaits_server(p):
                 for_server.add(received, trace_id)
                 continue
             self._take(buffer, trace_id, ready)
-        for waiting in (for_server, for_client):
-            for trace_id in waiting.due(now):
-                self._take(buffer, trace_id, ready)
+        for trace_id in for_server.due(now):
+            self._take(buffer, trace_id, ready)
+        for trace_id in for_client.due(now):
+            awaited = self.awaited.pop(trace_id, "")
+            if awaited in _held_ids(pending[trace_id]):
+                # it came, under a span still to come (else, a root, it was decided at
+                # its grace): the trace's root decides it, as any trace's
+                for_client.ids.discard(trace_id)
+                continue
+            self._take(buffer, trace_id, ready)
         wait = self.decision_wait_ns
         while pending:
             trace_id, p = next(iter(pending.items()))
