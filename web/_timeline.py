@@ -2,7 +2,10 @@
 
 Coordinates are computed here (0..1000 on the x axis of the request's
 lifetime) so the template only places SVG shapes; nothing is measured twice:
-the stall rule is the analyzer's (`analyzer/itl.py`).
+the stall rule is the analyzer's (`analyzer/itl.py`), and so are the client's chunk
+times (`analyzer/conventions/_client_times.py`: the SDK's chunk offsets, OpenLLMetry's
+chunk events).  Stalls are read from the times the request's row was: the server's
+tokens, or the client's chunks where the row's `token_times_source` is `client`.
 """
 
 from __future__ import annotations
@@ -11,8 +14,12 @@ import heapq
 from bisect import bisect_left, bisect_right
 from typing import Any
 
+from tokentrace.analyzer.buckets import NS_PER_MS
+from tokentrace.analyzer.conventions._client_times import read_client_times
+from tokentrace.analyzer.conventions._values import ValueReader
 from tokentrace.analyzer.itl import quantile, stall_threshold_ms
-from tokentrace.analyzer.spans import list_attr
+from tokentrace.analyzer.spans import Span, SpanEvent, list_attr
+from tokentrace.analyzer.summary import TOKEN_TIMES_CLIENT, TOKEN_TIMES_SERVER
 from tokentrace.instrumentation import semconv as sc
 
 WIDTH = 1000.0
@@ -54,14 +61,40 @@ def token_times_ns(request_span: dict[str, Any] | None) -> list[int]:
         return []
 
 
+def as_span(row: dict[str, Any]) -> Span:
+    """Gives a stored span (its JSON columns parsed, `_trace.load_spans`) as the analyzer
+    reads one; an event that is not a named time is left out."""
+    events = []
+    for e in row["events"]:
+        try:
+            events.append(SpanEvent(str(e["name"]), int(e["time_ns"]), dict(e.get("attributes") or {})))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return Span(
+        trace_id=row["trace_id"],
+        span_id=row["span_id"],
+        parent_span_id=row["parent_span_id"],
+        name=row["name"],
+        kind=row["kind"],
+        start_ns=row["start_ns"],
+        end_ns=row["end_ns"],
+        attributes=row["attributes"] if isinstance(row["attributes"], dict) else {},
+        resource=row["resource"] if isinstance(row["resource"], dict) else {},
+        status_code=row["status_code"],
+        status_message=row["status_message"],
+        events=events,
+        scope=row["scope"],
+    )
+
+
 def client_chunk_times_ns(client_span: dict[str, Any] | None) -> list[int]:
+    """Gives the chunk arrivals (unix ns) the analyzer reads from a stored client span, in
+    order; empty when it has none."""
     if client_span is None:
         return []
-    offsets = list_attr(client_span["attributes"], sc.CLIENT_CHUNK_OFFSETS_US)
-    try:
-        return [client_span["start_ns"] + int(o) * 1000 for o in offsets]
-    except (TypeError, ValueError):
-        return []
+    chunks_ms = read_client_times(as_span(client_span), ValueReader()).chunks_ms
+    start = client_span["start_ns"]
+    return [start + round(ms * NS_PER_MS) for ms in chunks_ms]
 
 
 def _us_to_ms(us: int | None) -> float | None:
@@ -127,15 +160,18 @@ def build_timeline(
     chunks_ns: list[int],
     steps: list[dict[str, Any]],
     gpu: list[dict[str, Any]],
+    stalls_from: str = TOKEN_TIMES_SERVER,
 ) -> dict[str, Any]:
     """Gives the drawable timeline of one request between t0 and t1 (unix ns).
 
     Bounded however many tokens the request span carries: at most MAX_TIMES_DRAWN token
     ticks and client chunks, and the MAX_STALLS_LISTED largest stalls (counts say how many
     there were); steps overlapping a stall are found by bisecting the steps by start.
+    Stalls are the gaps of `tokens_ns`, or of `chunks_ns` where `stalls_from` is `client`.
     """
     t1 = max(t1, max(tokens_ns, default=t1), max(chunks_ns, default=t1))
-    gaps_ms = [(b - a) / 1e6 for a, b in zip(tokens_ns, tokens_ns[1:], strict=False)]
+    times = chunks_ns if stalls_from == TOKEN_TIMES_CLIENT else tokens_ns
+    gaps_ms = [(b - a) / 1e6 for a, b in zip(times, times[1:], strict=False)]
     threshold = None
     stalls: list[dict[str, Any]] = []
     stall_count = 0
@@ -154,7 +190,7 @@ def build_timeline(
         )
         sample_ts = [g["ts_ns"] for g in samples]
         for i in found:
-            a, b = tokens_ns[i], tokens_ns[i + 1]
+            a, b = times[i], times[i + 1]
             within = samples[bisect_left(sample_ts, a) : bisect_right(sample_ts, b)]
             stalls.append(
                 {
@@ -170,8 +206,9 @@ def build_timeline(
     drawn = steps[:MAX_STEPS_DRAWN]
     # the tokens either side of each listed stall stay drawn, whatever the thinning
     edges = frozenset(j for g in stalls for j in (g["after_token"] - 1, g["after_token"]))
-    tokens = _marks(tokens_ns, t0, t1, edges)
-    chunks = _marks(chunks_ns, t0, t1)
+    on_chunks = stalls_from == TOKEN_TIMES_CLIENT
+    tokens = _marks(tokens_ns, t0, t1, frozenset() if on_chunks else edges)
+    chunks = _marks(chunks_ns, t0, t1, edges if on_chunks else frozenset())
     return {
         "t0_ns": t0,
         "t1_ns": t1,
@@ -182,6 +219,8 @@ def build_timeline(
         "chunks": chunks,
         "chunk_count": len(chunks_ns),
         "chunks_not_drawn": len(chunks_ns) - len(chunks),
+        # what the stalls (and `after_token`) count: the server's tokens or the client's chunks
+        "stalls_from": TOKEN_TIMES_CLIENT if on_chunks else TOKEN_TIMES_SERVER,
         "stall_threshold_ms": None if threshold is None else round(threshold, 3),
         "stalls": stalls,
         "stall_count": stall_count,

@@ -8,13 +8,16 @@ from typing import Any
 import duckdb
 
 from tokentrace.analyzer.conventions import UNMEASURED_PARTS
+from tokentrace.analyzer.conventions.genai_client import is_llm_client
+from tokentrace.analyzer.spans import KIND_CLIENT
+from tokentrace.analyzer.summary import TOKEN_TIMES_CLIENT, TOKEN_TIMES_SERVER
 from tokentrace.instrumentation import semconv as sc
 from tokentrace.store import reasons
 from tokentrace.web import queries
 from tokentrace.web._db import fetch_dicts, time_limit
 from tokentrace.web._long_values import bounded_attributes
 from tokentrace.web._params import ParamError
-from tokentrace.web._timeline import build_timeline, client_chunk_times_ns, token_times_ns
+from tokentrace.web._timeline import as_span, build_timeline, client_chunk_times_ns, token_times_ns
 
 #: Most spans one trace view loads; a bigger trace shows its first SPAN_CAP and says so.
 SPAN_CAP = 5000
@@ -209,17 +212,27 @@ def _request_span(spans: list[dict[str, Any]], request: dict[str, Any]) -> dict[
     return candidates[0] if len(candidates) == 1 else None
 
 
-def _client_span(spans: list[dict[str, Any]], request_span: dict[str, Any] | None) -> dict[str, Any] | None:
-    if request_span is None:
+def _client_span(
+    spans: list[dict[str, Any]], request: dict[str, Any], request_span: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """Gives the request's client span: the nearest CLIENT span above its tokentrace request
+    span; without one, the client span its row's E starts at (the user's span the analyzer
+    chose, `analyzer/conventions/_sides.py`: an LLM call's span of any kind, OpenInference's
+    INTERNAL one too).  None: the request has no client span kept."""
+    if request_span is not None:
+        by_id = {s["span_id"]: s for s in spans}
+        parent = by_id.get(request_span["parent_span_id"])
+        for _ in range(64):
+            if parent is None:
+                return None
+            if parent["kind"] == KIND_CLIENT:  # the user's side of this request
+                return parent
+            parent = by_id.get(parent["parent_span_id"])
         return None
-    by_id = {s["span_id"]: s for s in spans}
-    parent = by_id.get(request_span["parent_span_id"])
-    for _ in range(64):
-        if parent is None:
-            return None
-        if parent["kind"] == 3:  # CLIENT: the user's side of this request
-            return parent
-        parent = by_id.get(parent["parent_span_id"])
+    start = int(request["start_ns"])
+    for s in spans:  # by start: the outermost of spans that start together comes first
+        if s["start_ns"] == start and (s["kind"] == KIND_CLIENT or is_llm_client(as_span(s))):
+            return s
     return None
 
 
@@ -258,22 +271,31 @@ def _buckets(request: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 #: Whether the token timeline has the request's token times: `recorded` (its request span
-#: carries them), `not_kept` (the trace's spans were sampled out, only the summary is
-#: stored), `not_recorded` (spans kept whole, but their emitter sends no per-token times:
-#: vLLM, SGLang, TGI, a plain OpenTelemetry span).
-TOKEN_TIMES = ("recorded", "not_kept", "not_recorded")
+#: carries them), `client` (the server sent none, and the row's token times are its client
+#: span's chunks: vLLM's span under OpenLLMetry's), `not_kept` (the trace's spans were
+#: sampled out, only the summary is stored), `not_recorded` (spans kept whole, but their
+#: emitter sends no per-token times: vLLM, SGLang, TGI, a plain OpenTelemetry span).
+TOKEN_TIMES = ("recorded", "client", "not_kept", "not_recorded")
 
 
-def _token_times(spans: list[dict[str, Any]], request_span: dict[str, Any] | None, tokens: list[int]) -> str:
+def _token_times(
+    spans: list[dict[str, Any]],
+    request: dict[str, Any],
+    request_span: dict[str, Any] | None,
+    tokens: list[int],
+    chunks: list[int],
+) -> str:
     """Gives which of TOKEN_TIMES holds for one request of the trace."""
     if tokens or (request_span is not None and sc.TOKEN_OFFSETS_US in request_span["attributes"]):
         return "recorded"
-    return "not_kept" if not spans else "not_recorded"
+    if not spans:
+        return "not_kept"
+    return "client" if chunks and request.get("token_times_source") == TOKEN_TIMES_CLIENT else "not_recorded"
 
 
 def _request_view(cur: duckdb.DuckDBPyConnection, request: dict[str, Any], spans: list[dict[str, Any]]) -> dict[str, Any]:
     req_span = _request_span(spans, request)
-    client = _client_span(spans, req_span)
+    client = _client_span(spans, request, req_span)
     start = int(request["start_ns"])
     end = start + int(float(request["e2e_ms"] or 0) * 1e6)
     if req_span is not None:
@@ -290,13 +312,18 @@ def _request_view(cur: duckdb.DuckDBPyConnection, request: dict[str, Any], spans
             cur, queries.load("trace_shared_requests"), [request["request_id"], start, end], cap=200
         )
     tokens = token_times_ns(req_span)
-    timeline = build_timeline(start, end, tokens, client_chunk_times_ns(client), steps, gpu)
+    chunks = client_chunk_times_ns(client)
+    token_times = _token_times(spans, request, req_span, tokens, chunks)
+    stalls_from = TOKEN_TIMES_CLIENT if token_times == "client" else TOKEN_TIMES_SERVER
+    timeline = build_timeline(start, end, tokens, chunks, steps, gpu, stalls_from)
     summary = {k: v for k, v in request.items()}
     return {
         "summary": summary,
         "buckets": _buckets(request),
         "has_spans": req_span is not None,
-        "token_times": _token_times(spans, req_span, tokens),
+        "token_times": token_times,
+        # the span the client chunks are read from (its name is the sender's: escaped)
+        "client_span": None if client is None else {"span_id": client["span_id"], "name": client["name"]},
         "timeline": timeline,
         "engine_steps": {
             "overlapping": len(steps),

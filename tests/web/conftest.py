@@ -9,7 +9,7 @@ from typing import Any
 import duckdb
 import pytest
 from hostile import generate_hostile
-from tracegen import GeneratedRequest, generate, generate_emitters
+from tracegen import XSS_NAME, GeneratedRequest, generate, generate_emitters
 from tt_testkit import explorer
 from web_testkit import (
     CHROMIUM,
@@ -50,6 +50,31 @@ def emitters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, di
     db, ids = generate_emitters(tmp_path_factory.mktemp("webdb-emitters"))
     with explorer(db) as url:
         yield url, ids
+
+
+@pytest.fixture(scope="session")
+def engine_recordings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """Serves the real vLLM recordings under OpenLLMetry (stutter: chunk events, no server
+    token times) and openai-v2 (no chunk times at all), imported as `tokentrace import` does;
+    the client span of the stream with the most stalls is renamed to a script.  Gives the URL
+    and the database."""
+    from tokentrace.collector.settings import CollectorSettings
+    from tokentrace.file_import import import_files
+
+    db = tmp_path_factory.mktemp("webdb-engines") / "engines.duckdb"
+    recorded = Path(__file__).resolve().parents[1] / "data" / "engines"
+    import_files(CollectorSettings(db=db), [recorded / "stutter.jsonl", recorded / "chat_openai_v2.jsonl"])
+    conn = duckdb.connect(str(db))
+    try:
+        conn.execute(
+            "UPDATE spans SET name = ? WHERE name = 'openai.chat' AND trace_id = (SELECT trace_id "
+            "FROM requests ORDER BY stall_count DESC NULLS LAST, trace_id LIMIT 1)",
+            [XSS_NAME],
+        )
+    finally:
+        conn.close()
+    with explorer(db) as url:
+        yield url, db
 
 
 #: The second database's idle stretch between its two halves of requests.
