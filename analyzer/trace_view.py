@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 from tokentrace.analyzer.spans import KIND_CLIENT, Span
 from tokentrace.instrumentation import semconv as sc
@@ -23,6 +23,8 @@ INSTANCE_ID = "service.instance.id"
 #: the host, where a resource detector or OTEL_RESOURCE_ATTRIBUTES gives one, goes before it.
 VLLM_PROCESS_ID = "vllm.process_id"
 HOST_KEYS = ("host.name", "host.id")
+A = TypeVar("A")
+T = TypeVar("T")
 
 
 def instance_of(attributes: Mapping[str, Any], resource: Mapping[str, Any]) -> tuple[str, str | None]:
@@ -57,7 +59,7 @@ class TraceView:
                 self.children[s.parent_span_id].append(s)
         # by span id, of the spans `by_id` holds: the outermost ancestor (`top`) and the
         # nearest CLIENT ancestor (`client_span_of`), filled as they are asked for
-        self._top: dict[str, Span] = {}
+        self._top: dict[str, Span | None] = {}
         self._client: dict[str, Span | None] = {}
         # by key groups, then span id: what `inherited` found above each span
         self._inherited: dict[KeyGroups, dict[str, tuple[Any, ...]]] = {}
@@ -90,83 +92,50 @@ class TraceView:
         """Gives the last of `ancestors(span)`, `span` itself when it has none.  Remembered
         for every span on the way, so that asking it of each span of a trace costs the
         spans once (a chain of n requests would otherwise walk n^2/2 parents)."""
-        if self.by_id.get(span.span_id) is not span:  # a repeated span id: not remembered
-            above = list(self.ancestors(span))
-            return above[-1] if above else span
-        if span.span_id not in self._top:
-            self._climb(span)
-        return self._top[span.span_id]
+        found = self.fold_ancestors(span, self._top, _farther, None, _tops_round)
+        return span if found is None else found
 
     def client_span_of(self, server_span: Span) -> Span | None:
         """Gives the nearest CLIENT-kind ancestor (remembered as `top` is).  The user's
         side of a request is the outermost one it owns: `conventions/_sides.py`."""
-        if self.by_id.get(server_span.span_id) is not server_span:
-            return next((a for a in self.ancestors(server_span) if a.kind == KIND_CLIENT), None)
-        if server_span.span_id not in self._client:
-            self._climb(server_span)
-        return self._client[server_span.span_id]
-
-    def _climb(self, span: Span) -> None:
-        """Fills `_top` and `_client` for `span` and each span its walk up passes, as
-        `ancestors` walks: up to a span without a parent here, to a span filled before,
-        or around a loop of parent ids (each span's walk ends where it would meet a span
-        it has passed: in a loop, just before itself)."""
-        tops, clients, by_id = self._top, self._client, self.by_id
-        path: list[Span] = []
-        at: dict[str, int] = {}
-        s = span
-        while True:
-            at[s.span_id] = len(path)
-            path.append(s)
-            parent = by_id.get(s.parent_span_id)
-            if parent is None or parent.span_id in tops or parent.span_id in at:
-                break
-            s = parent
-        if parent is None:  # the walk ends at the last span of the path
-            top, nearest, upto = path[-1], None, len(path)
-        elif parent.span_id in tops:  # ... at a span filled before: its answers go on
-            top = tops[parent.span_id]
-            nearest = parent if parent.kind == KIND_CLIENT else clients[parent.span_id]
-            upto = len(path)
-        else:  # a loop: path[j:] goes round it, path[:j] leads into it
-            j = at[parent.span_id]
-            loop = path[j:]
-            n = len(loop)
-            nearest, nearest_at = None, -1
-            for x in range(2 * n - 1, -1, -1):  # twice round: "after" wraps
-                member = loop[x % n]
-                if x < n:
-                    # the nearest client after it, itself not counted
-                    clients[member.span_id] = nearest if nearest_at < x + n else None
-                    tops[member.span_id] = loop[x - 1]  # the one before it (x = 0: the last)
-                if member.kind == KIND_CLIENT:
-                    nearest, nearest_at = member, x
-            # a span leading into the loop walks it once round, from its entry
-            top = path[-1]
-            nearest = next((x for x in loop if x.kind == KIND_CLIENT), None)
-            upto = j
-        for s in reversed(path[:upto]):
-            tops[s.span_id] = top
-            clients[s.span_id] = nearest
-            if s.kind == KIND_CLIENT:
-                nearest = s
+        return self.fold_ancestors(server_span, self._client, _client_or, None, _clients_round)
 
     def inherited(self, span: Span, groups: KeyGroups = CONTEXT_KEYS) -> tuple[Any, ...]:
         """Gives, for each group of keys, the first of them on the ancestors of `span`,
         nearest first (each one's attributes, then its resource; an empty string is none),
         None where none has one: the request's context (tenant, traffic class,
         environment) that the application set on a span around the call
-        (docs/conventions.md).
-
-        Remembered for every span its walk passes, as `top` is: asked of each request of
-        a chain of n, it costs the spans once, not n^2/2 (a hostile export).  In a loop of
-        parent ids each member's answer is the first found going round from its parent.
+        (docs/conventions.md).  Remembered as `top` is.
         """
-        memo = self._inherited.setdefault(groups, {})
+        return self.fold_ancestors(
+            span,
+            self._inherited.setdefault(groups, {}),
+            lambda above, found: _nearer(_own(above, groups), found),
+            (None,) * len(groups),
+            lambda loop: _owns_round([_own(x, groups) for x in loop]),
+        )
+
+    def fold_ancestors(
+        self,
+        span: Span,
+        memo: dict[str, A],
+        step: Callable[[Span, A], A],
+        init: A,
+        round_loop: Callable[[list[Span]], list[A]],
+    ) -> A:
+        """Gives `step` folded over `ancestors(span)` from `init`, the farthest first
+        (`step(parent, answer of the parent)` is a span's answer).
+
+        Remembered in `memo` (by span id, of the spans `by_id` holds) for every span its
+        walk up passes: asked of each span of a chain of n, it costs the spans once, not
+        n^2/2 (a hostile export).  In a loop of parent ids (each member's parent the next,
+        the last one's the first) `round_loop` gives each member's answer, the fold going
+        round from its parent, itself not counted, in one pass round the loop.
+        """
         if self.by_id.get(span.span_id) is not span:  # a repeated span id: not remembered
-            found = (None,) * len(groups)
+            found = init
             for above in reversed(list(self.ancestors(span))):
-                found = _nearer(_own(above, groups), found)
+                found = step(above, found)
             return found
         if span.span_id in memo:
             return memo[span.span_id]
@@ -178,25 +147,28 @@ class TraceView:
             at[s.span_id] = len(path)
             path.append(s)
             parent = by_id.get(s.parent_span_id)
-            if parent is None:
-                found, upto = (None,) * len(groups), len(path)
+            if parent is None:  # the walk ends at the last span of the path
+                found, upto = init, len(path)
                 break
-            if parent.span_id in memo:
-                found, upto = _nearer(_own(parent, groups), memo[parent.span_id]), len(path)
+            if parent.span_id in memo:  # a span answered before: the way up goes on so
+                # (the spans above it were answered with it, so the path is none of
+                # them: the parent's answer holds for the path even in a loop)
+                found, upto = step(parent, memo[parent.span_id]), len(path)
                 break
             if parent.span_id in at:  # a loop: path[j:] goes round it, path[:j] leads into it
                 j = at[parent.span_id]
                 loop = path[j:]
-                _fill_loop(memo, loop, [_own(x, groups) for x in loop])
-                found = (None,) * len(groups)  # entered at loop[0], walked once round
+                for member, answer in zip(loop, round_loop(loop), strict=True):
+                    memo[member.span_id] = answer
+                found = init  # a span leading in is entered at loop[0], walks it once round
                 for x in reversed(loop):
-                    found = _nearer(_own(x, groups), found)
+                    found = step(x, found)
                 upto = j
                 break
             s = parent
         for s in reversed(path[:upto]):
             memo[s.span_id] = found
-            found = _nearer(_own(s, groups), found)
+            found = step(s, found)
         return memo[span.span_id]
 
     def first_attr(self, keys: Sequence[str], spans: Iterable[Span], default: Any = "") -> Any:
@@ -232,18 +204,40 @@ def _nearer(near: tuple[Any, ...], far: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(f if n is None else n for n, f in zip(near, far, strict=True))
 
 
-def _fill_loop(memo: dict[str, tuple[Any, ...]], loop: list[Span], owns: list[tuple[Any, ...]]) -> None:
-    """Fills `memo` for the members of a loop of parent ids (each member's parent is the
-    next, the last one's the first): for each group, the nearest value after the member
-    going round, itself not counted."""
-    n = len(loop)
-    answers: list[list[Any]] = [[None] * len(owns[0]) for _ in loop]
-    for g in range(len(owns[0])):
-        nearest, nearest_at = None, -1
-        for x in range(2 * n - 1, -1, -1):  # twice round: "after" wraps
-            if x < n:
-                answers[x][g] = nearest if nearest_at < x + n else None
-            if owns[x % n][g] is not None:
-                nearest, nearest_at = owns[x % n][g], x
-    for member, answer in zip(loop, answers, strict=True):
-        memo[member.span_id] = tuple(answer)
+def _farther(above: Span, found: Span | None) -> Span | None:
+    return above if found is None else found
+
+
+def _client_or(above: Span, found: Span | None) -> Span | None:
+    return above if above.kind == KIND_CLIENT else found
+
+
+def _tops_round(loop: list[Span]) -> list[Span | None]:
+    """Gives each loop member's farthest ancestor: the member before it (of the first,
+    the last)."""
+    return [loop[x - 1] for x in range(len(loop))]
+
+
+def _clients_round(loop: list[Span]) -> list[Span | None]:
+    return _nearest_round([x if x.kind == KIND_CLIENT else None for x in loop])
+
+
+def _owns_round(owns: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Gives, for each loop member and each group, the nearest value after it going
+    round, itself not counted."""
+    per_group = [_nearest_round([own[g] for own in owns]) for g in range(len(owns[0]))]
+    return [tuple(answer) for answer in zip(*per_group, strict=True)]
+
+
+def _nearest_round(values: Sequence[T | None]) -> list[T | None]:
+    """Gives, for each place of a loop, the first value that is not None after it going
+    round (the last's next is the first), its own not counted."""
+    n = len(values)
+    answers: list[T | None] = [None] * n
+    nearest, nearest_at = None, -1
+    for x in range(2 * n - 1, -1, -1):  # twice round: "after" wraps
+        if x < n:
+            answers[x] = nearest if nearest_at < x + n else None
+        if values[x % n] is not None:
+            nearest, nearest_at = values[x % n], x
+    return answers

@@ -263,48 +263,21 @@ def inside_any(trace: TraceView, marked: Callable[[Span], bool]) -> Callable[[Sp
     """Gives a test of whether any of a span's `ancestors` is `marked` (a request nested
     in another is no request of its own).
 
-    Each answer is remembered for every span its walk up passes, as `TraceView.top`
-    remembers, so that asking it of each span of a trace costs the spans once: a chain
-    of n spans with a marked one hung from each would otherwise walk n^2/2 parents (a
-    hostile export).  Answers are the plain walk's, loops of parent ids included.
+    Each answer is remembered as `TraceView.fold_ancestors` remembers, so that asking it
+    of each span of a trace costs the spans once.  Answers are the plain walk's, loops of
+    parent ids included.
     """
-    by_id = trace.by_id
-    above: dict[str, bool] = {}  # by span id, of the spans `by_id` holds
+    above: dict[str, bool] = {}  # by span id, of the spans `trace.by_id` holds
+
+    def in_loop(loop: list[Span]) -> list[bool]:
+        marks = [marked(x) for x in loop]
+        n_marked = sum(marks)
+        return [n_marked - mark > 0 for mark in marks]  # the loop but itself lies above it
 
     def inside(span: Span) -> bool:
-        if by_id.get(span.span_id) is not span:  # a repeated span id: not remembered
-            return any(marked(a) for a in trace.ancestors(span))
-        if span.span_id in above:
-            return above[span.span_id]
-        path: list[Span] = []
-        at: dict[str, int] = {}
-        s = span
-        while True:
-            at[s.span_id] = len(path)
-            path.append(s)
-            parent = by_id.get(s.parent_span_id)
-            if parent is None:  # the walk ends at the last span of the path
-                found, upto = False, len(path)
-                break
-            if parent.span_id in at:  # a loop: path[j:] goes round it, path[:j] leads into it
-                j = at[parent.span_id]
-                loop = path[j:]
-                marks = [marked(x) for x in loop]
-                n_marked = sum(marks)
-                for x, mark in zip(loop, marks, strict=True):
-                    above[x.span_id] = n_marked - mark > 0  # the loop but itself lies above it
-                found, upto = n_marked > 0, j  # a span leading in walks the whole loop
-                break
-            if parent.span_id in above:  # a span answered before: the way up goes on so
-                # (the spans above it were answered with it, so the path is none of
-                # them: the parent's answer holds for the path even in a loop)
-                found, upto = marked(parent) or above[parent.span_id], len(path)
-                break
-            s = parent
-        for s in reversed(path[:upto]):
-            above[s.span_id] = found
-            found = found or marked(s)
-        return above[span.span_id]
+        return trace.fold_ancestors(
+            span, above, lambda parent, found: found or marked(parent), False, in_loop
+        )
 
     return inside
 
