@@ -29,7 +29,7 @@ from tt_testkit import OtlpHttpSink, free_port
 from tokentrace.instrumentation import semconv as sc
 
 #: what the exit of a child may take here, its interpreter's start and teardown included
-#: (as test_collector_down_exit.py bounds it: far from a wait on the collector)
+#: (as test_export_collector_down.py bounds it: far from a wait on the collector)
 BOUND_S = 10.0
 STEPS = 5
 

@@ -23,7 +23,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
-from test_hardening_gpu_samples import _export as gpu_export
+from test_otlp_metrics_gpu_columns import _export as gpu_export
 
 from tokentrace.instrumentation import semconv as sc
 

@@ -13,8 +13,8 @@ import pytest
 from collector_testkit import start_live
 from otlp_traces import request_trace, to_protobuf
 from prometheus_client.parser import text_string_to_metric_families
-from test_hardening_export_steps import _steps_span
-from test_hardening_writer_stopped import _kill, _one_request, _wait_dead
+from test_export_caps_steps import _steps_span
+from test_writer_stopped import _kill, _one_request, _wait_dead
 
 from tokentrace.analyzer.engine_steps import MAX_STEPS_PER_SPAN
 
