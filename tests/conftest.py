@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,10 @@ SLOW_FIXTURES = frozenset({"serve", "serve_sdk", "browser", "page"})
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # pytest caches the test modules it compiles with rewritten asserts only where bytecode
+    # is written; with PYTHONDONTWRITEBYTECODE (set on these machines) every collection,
+    # once per xdist worker, compiled them all again (~5 s).  __pycache__ is git-ignored.
+    sys.dont_write_bytecode = False
     # Hypothesis reports a failing example through libcst, whose import warns (mypy_extensions'
     # TypedDict): under `filterwarnings = error` that warning was an INTERNALERROR that ended
     # the whole run, so one falsified example (or one over its deadline) cost every later test
