@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -332,19 +333,34 @@ def render_text(report: dict[str, Any]) -> str:
 
 def _text_coverage(report: dict[str, Any]) -> list[str]:
     """Gives the coverage section of the text report (none for a report without one)."""
+    head = ["", f"{cov.TITLE.lower()}: {cov.WHAT}"]
+    return _coverage_lines(report, head, "  ", "    - ", printable, str)
+
+
+def _coverage_lines(
+    report: dict[str, Any],
+    head: list[str],
+    item: str,
+    sub_item: str,
+    sentence: Callable[[object], str],
+    complaint_name: Callable[[object], str],
+) -> list[str]:
+    """Gives the coverage section, `head` first, in one format's marks (none for a report
+    without one): each line starts `item`, each complaint not checkable `sub_item`;
+    `sentence` and `complaint_name` escape what the report says for that format."""
     if not cov.has_coverage(report):
         return []
-    lines = ["", f"{cov.TITLE.lower()}: {cov.WHAT}"]
+    lines = list(head)
     signals = cov.signals_line(report)
-    lines += [f"  {printable(signals)}"] if signals else []
+    lines += [f"{item}{sentence(signals)}"] if signals else []
     checked = cov.checked(report)
-    lines += [f"  checked: {', '.join(checked)}"] if checked else []
+    lines += [f"{item}checked: " + ", ".join(complaint_name(c) for c in checked)] if checked else []
     missing = cov.unchecked(report)
     if missing:
-        lines.append("  not checkable:")
-        lines += [f"    - {complaint}: {printable(why)}" for complaint, why in missing]
+        lines.append(f"{item}not checkable:")
+        lines += [f"{sub_item}{complaint_name(c)}: {sentence(why)}" for c, why in missing]
     unmatched = cov.unmatched_line(report)
-    lines += [f"  {printable(unmatched)}"] if unmatched else []
+    lines += [f"{item}{sentence(unmatched)}"] if unmatched else []
     return lines
 
 
@@ -438,18 +454,6 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 def _md_coverage(report: dict[str, Any]) -> list[str]:
     """Gives the coverage section of the markdown report (none for a report without one)."""
-    if not cov.has_coverage(report):
-        return []
-    out = ["", f"## {cov.TITLE}", "", f"_{_md_escape(cov.WHAT)}_", ""]
-    signals = cov.signals_line(report)
-    out += [f"- {_md_escape(signals)}"] if signals else []
-    checked = cov.checked(report)
-    out += ["- checked: " + ", ".join(_md_code(c) for c in checked)] if checked else []
-    missing = cov.unchecked(report)
-    if missing:
-        out.append("- not checkable:")
-        out += [f"  - {_md_code(complaint)}: {_md_escape(why)}" for complaint, why in missing]
-    unmatched = cov.unmatched_line(report)
-    out += [f"- {_md_escape(unmatched)}"] if unmatched else []
-    return out
+    head = ["", f"## {cov.TITLE}", "", f"_{_md_escape(cov.WHAT)}_", ""]
+    return _coverage_lines(report, head, "- ", "  - ", _md_escape, _md_code)
 
