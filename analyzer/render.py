@@ -177,9 +177,15 @@ BUCKET_TERMS = {
     "decode": ("decode", "first token to last"),
 }
 QUEUE_PART_TERMS = {
-    "queue_wait": ("queue_wait", "measured scheduler wait"),
+    # vLLM's time_in_queue is its engine core's queue alone: a request held while the engine
+    # core runs another's long prefill reads 0 there, its wait in `other` (issue 22)
+    "queue_wait": ("queue_wait", "measured scheduler wait (vLLM: its engine core's queue only)"),
     "tokenize": ("tokenize", "measured tokenization"),
-    "other": ("other", "the rest of the queue"),
+    "other": (
+        "other",
+        "the rest of the queue (vLLM: the wait before its engine core takes the request in, "
+        "such as behind another request's step)",
+    ),
 }
 KEPT_TRACES_TERM = (
     "kept traces",

@@ -34,15 +34,31 @@ def _listed(counts: dict[str, int], most: int = 4) -> str:
     return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
 
+#: Where a request's token times came from (`requests.token_times_source`), as said aloud.
+_TIMES_FROM = {"server": "from the server", "client": "from the client's chunks", "none": "none"}
+
+
+def _token_times(counts: dict[str, int], requests: int) -> str:
+    """Gives 'token times from the server on 6 requests, from the client's chunks on 111,
+    none on 27' ('token times: none' where no request had any)."""
+    said = [(_TIMES_FROM.get(k, short(k)), v) for k, v in counts.items() if v]
+    if not said or said == [("none", requests)]:
+        return "token times: none"
+    first, *rest = [f"{what} on {n:,}" for what, n in said]
+    return f"token times {first} {'request' if said[0][1] == 1 else 'requests'}" + "".join(
+        f", {x}" for x in rest
+    )
+
+
 def signals_line(report: dict[str, Any]) -> str | None:
-    """Gives the signals the window had, in one line ('signals: token times client 96, …')."""
+    """Gives the signals the window had, in one line ('signals: token times from the
+    client's chunks on 96 requests, …')."""
     s = _coverage(report).get("signals") or {}
     n = int(s.get("requests") or 0)
     if not n:
         return None
-    times = {k: v for k, v in (s.get("token_times") or {}).items() if v}
     parts = [
-        f"token times {_listed(times)}" if times else "token times: none",
+        _token_times(s.get("token_times") or {}, n),
         f"client spans on {s.get('client_spans', 0):,} of {counted(n, 'request')}",
     ]
     steps = int(s.get("engine_steps") or 0)
@@ -57,11 +73,11 @@ def signals_line(report: dict[str, Any]) -> str | None:
     gpu = int(s.get("gpu_samples") or 0)
     parts.append(counted(gpu, "GPU sample") if gpu else "GPU samples: none")
     envs = s.get("environments") or {}
-    parts.append(f"environments {_listed(envs)}" if envs else "environments: none")
+    parts.append(f"environments: {_listed(envs)}" if envs else "environments: none")
     tenants = int(s.get("tenants") or 0)
     parts.append(counted(tenants, "tenant") if tenants else "tenants: none")
     classes = s.get("traffic_classes") or {}
-    parts.append(f"traffic classes {_listed(classes)}" if classes else "traffic classes: none")
+    parts.append(f"traffic classes: {_listed(classes)}" if classes else "traffic classes: none")
     starts = int(s.get("engine_starts") or 0)
     if starts:
         parts.append(counted(starts, "engine start-up"))

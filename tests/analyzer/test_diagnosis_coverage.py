@@ -87,7 +87,10 @@ def test_token_time_sources_and_unknown_step_measures_are_counted(tmp_path: Path
     assert sum(by_source.values()) == n and all(by_source[k] > 0 for k in ("server", "client", "none"))
     assert signals["engine_steps"] == 50 and signals["step_batch_sizes"] == 0 and signals["step_kv"] == 0
     text = render_text(report)
-    said = f"token times server {by_source['server']:,}, client {by_source['client']:,}, none {by_source['none']:,}"
+    said = (
+        f"token times from the server on {by_source['server']:,} requests, "
+        f"from the client's chunks on {by_source['client']:,}, none on {by_source['none']:,}"
+    )
     assert said in text, text
     assert "50 engine steps (batch size, KV usage unknown)" in text
 

@@ -134,7 +134,7 @@ def test_the_markdown_report_gives_the_queue_parts_and_explains_them() -> None:
     md = render_markdown(_report())
     buckets = _between(md, "## Where the time goes", "## Diagnosis")
     assert "queue = queue\\_wait 50.0 %, tokenize 10.0 %, other 40.0 %" in buckets
-    assert "**queue_wait**: measured scheduler wait; **tokenize**: measured tokenization" in buckets
+    assert "**queue_wait**: measured scheduler wait (vLLM: its engine core's queue only); **tokenize**: measured tokenization" in buckets
     bare = _between(render_markdown(_report(queue_parts=False)), "## Where the time goes", "## Diagnosis")
     assert "queue =" not in bare and "queue_wait" not in bare
 
