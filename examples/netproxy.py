@@ -114,8 +114,11 @@ class _Proxy:
             # asyncio's stream callback to log the cancellation as an error.
             pass
         finally:
+            # both closed before any wait: close() may cancel this task during a wait, and a
+            # writer left open warned "loop is closed" when collected after the loop stopped
             for writer in (client_writer, target_writer):
                 writer.close()
+            for writer in (client_writer, target_writer):
                 with contextlib.suppress(Exception):
                     await writer.wait_closed()
             if task is not None:
