@@ -27,15 +27,23 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+#: The most xdist workers `-n auto` starts: each collects the whole suite and imports torch.
+MAX_WORKERS = 16
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """Gives 0 (run in this process) when the command names only test files or test ids:
-    one file runs sooner without starting workers, and prints as plain pytest does."""
+    """Gives 0 (run in this process) when the command names only test files or test ids,
+    else two workers per CPU.
+
+    One file runs sooner without starting workers, and prints as plain pytest does.  Most
+    tests wait (a server's start, a subprocess, a timeout): on 2 CPUs, 2 workers kept 1.2 of
+    them busy on average and 4 workers 1.7, and the collector's tests took 58 s instead of 78."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # xdist reads it
     args = [a for a in config.args if not a.startswith("-")]
     if args and all("::" in a or a.endswith(".py") for a in args):
         return 0
-    return None  # xdist's default: one worker per CPU
+    return min(2 * len(os.sched_getaffinity(0)), MAX_WORKERS)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
