@@ -50,12 +50,12 @@ class LiveRun:
     clients: dict[str, ClientRun]
     serve_output: str
 
-    def query(self, sql: str) -> list[dict[str, Any]]:
+    def query(self, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
         from tokentrace.store.connection import open_read_only
 
         conn = open_read_only(self.db)
         try:
-            cursor = conn.execute(sql)
+            cursor = conn.execute(sql, params or [])
             cols = [d[0] for d in cursor.description]
             return [dict(zip(cols, row, strict=True)) for row in cursor.fetchall()]
         finally:
@@ -70,6 +70,24 @@ class LiveRun:
         for s in spans:
             s["attributes"], s["resource"] = json.loads(s["attributes"]), json.loads(s["resource"])
         return spans
+
+    def spans_of(self, trace_id: str) -> str:
+        """Gives the trace's stored spans in a line each (name, kind, parent, start, duration
+        in ms from the first span's start), to say what a failed comparison was made of."""
+        spans = self.query(
+            "SELECT span_id, parent_span_id, name, kind, start_ns, end_ns FROM spans "
+            "WHERE trace_id = ? ORDER BY start_ns",
+            [trace_id],
+        )
+        t0 = min((s["start_ns"] for s in spans), default=0)
+        return (
+            "\n".join(
+                f"  {s['span_id']} <- {s['parent_span_id'] or '-'} {s['name']} kind {s['kind']} "
+                f"+{(s['start_ns'] - t0) / 1e6:.1f} ms for {(s['end_ns'] - s['start_ns']) / 1e6:.1f} ms"
+                for s in spans
+            )
+            or "  (spans not kept)"
+        )
 
     def answered(self, *names: str) -> list[dict[str, Any]]:
         return [m for n in names for m in self.clients[n].requests if m["status"] == "ok"]
@@ -181,10 +199,11 @@ def test_openinference_e2e_and_ttft_are_the_client_own(live: LiveRun) -> None:
     rows = {r["trace_id"]: r for r in live.rows()}
     for m in live.answered("chat_openinference", EXAMPLE_RUN):
         row = rows[m["trace_id"]]
+        said = f"{m['key']}: row {row}\nspans:\n{live.spans_of(m['trace_id'])}"
         # decided with its call span (test_arrival_order: it may come seconds after httpx's)
-        assert "root_missing" not in row["flags"], m["key"]
-        assert "negative_network" not in row["flags"], m["key"]
-        assert row["e2e_ms"] == pytest.approx(m["e2e_ms"], abs=LIVE_AGREE_MS), m["key"]
+        assert "root_missing" not in row["flags"], said
+        assert "negative_network" not in row["flags"], said
+        assert row["e2e_ms"] == pytest.approx(m["e2e_ms"], abs=LIVE_AGREE_MS), said
         # its "First Token Stream Event"
         first = pytest.approx(m["first_chunk_ms"], abs=LIVE_AGREE_MS)
         assert row["ttft_client_ms"] == first, m["key"]
