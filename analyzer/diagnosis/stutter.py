@@ -101,6 +101,10 @@ def _stalls(ctx: Context) -> Finding | None:
             strength += gain
             if linked:
                 fix_lead = prefill_beside_fix(line.get("prompt_tokens_p50"), line.get("prefill_p50_ms"))
+            elif not line.get("stalled_with_long_prefill") and not line.get("smooth_with_long_prefill"):
+                # no other request's prefill ran beside any stall: the engine's batching is not
+                # what the evidence points at, so the advice must not lead with it
+                fix_lead = OUTSIDE_ENGINE_FIX
     else:
         large, basis = large_prefill(int(steps["p90"] or 0), int(steps["max"] or 0))
         slack = STEP_CLOCK_SLACK_NS
@@ -168,6 +172,15 @@ def _prefills_beside(ctx: Context, r: dict[str, Any]) -> tuple[dict[str, Any], f
         prefills=s["prefills"], prefill_p50_ms=took, prompt_tokens_p50=tokens,
     )
     return line, max(0.0, (fs - fm) / 0.3), fs - fm >= MIN_PREFILL_LINK
+
+
+#: The fix when, without engine steps, no other request's prefill ran beside any stall.
+OUTSIDE_ENGINE_FIX = (
+    "Look outside the engine first: no other request's prefill ran beside the stalls, so check "
+    "the host's CPU (other processes, throttling), the network between client and server, and "
+    "how the client reads the stream; add the SDK's engine steps (tt.engine_step) to see the "
+    "engine's own steps"
+)
 
 
 def prefill_beside_fix(prompt_tokens: float | None, prefill_ms: float | None) -> str:

@@ -78,6 +78,8 @@ def test_long_prefills_of_another_instance_froze_nobody_here(write_workload) -> 
     assert line["stalled_with_long_prefill"] == 0, line
     assert "the freezes have another cause" in line["text"], line
     assert not f["fix_first"].startswith("Enable chunked prefill")
+    # the advice follows the evidence: not the engine's batching first
+    assert f["fix_first"].startswith("Look outside the engine first"), f["fix_first"]
 
 
 def test_freezes_at_random_times_are_not_blamed_on_prefills(write_workload) -> None:  # type: ignore[no-untyped-def]
