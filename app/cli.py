@@ -242,6 +242,19 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 
+def _raise_if_held(db: Path) -> None:
+    """Raises DatabaseHeld when another process holds `db` (DuckDB's lock says so on open)."""
+    from tokentrace.store.connection import StoreError, open_read_only
+    from tokentrace.store.held import DatabaseHeld
+
+    try:
+        open_read_only(db).close()
+    except DatabaseHeld:
+        raise
+    except StoreError:
+        pass  # not held: what it says about an empty file is the caller's to say
+
+
 @contextlib.contextmanager
 def _reading_db(args: argparse.Namespace) -> Iterator[None]:
     """Turns what DuckDB says about a file that is not a tokentrace database
@@ -253,6 +266,7 @@ def _reading_db(args: argparse.Namespace) -> Iterator[None]:
 
     db = resolve_db_path(args.db)
     if not getattr(args, "url", None) and db.is_file() and db.stat().st_size == 0:
+        _raise_if_held(db)  # a writer that just created the file holds it before writing it
         raise StoreError(f"{db} is empty: not a tokentrace database")
     try:
         yield

@@ -182,3 +182,27 @@ def test_while_an_import_writes_the_file_report_says_to_wait(tmp_path: Path) -> 
     else:
         pytest.fail("the import ended each time before it was seen holding the file")
     assert _cli("report", "--db", str(db)).returncode == 0  # once it ended
+
+
+@pytest.mark.slow
+def test_an_empty_file_another_process_holds_is_held_not_empty(tmp_path: Path) -> None:
+    """A writer that has just created the file holds its lock before it writes a byte: `report`
+    then says the file is held (as it does a moment later), not that it is empty."""
+    db = tmp_path / "new.duckdb"
+    db.touch()
+    # the POSIX lock DuckDB takes, held by another process over the still-empty file
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, sys, time; f = open(sys.argv[1], 'r+'); fcntl.lockf(f, fcntl.LOCK_EX);"
+         " print('locked', flush=True); time.sleep(60)", str(db)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        said = _one_line(_cli("report", "--db", str(db)), "report")
+        assert "is held by another process" in said and "is empty" not in said, said
+    finally:
+        holder.kill()
+        holder.communicate()
+    said = _one_line(_cli("report", "--db", str(db)), "report")  # no holder: empty it is
+    assert said == f"tokentrace report: {db} is empty: not a tokentrace database\n", said
