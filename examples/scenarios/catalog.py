@@ -113,7 +113,10 @@ def stutter_load(quick: bool) -> list[RequestSpec]:
     # are the complaint.  Half and half put the TTFT median on the edge between the
     # streams' ~15 ms and the completions' ~500 ms, and "the first token is late"
     # (long_wait_then_fast) could outrank the stutter on a slow machine.
-    n = _size(quick, 64)
+    # The finding needs 20 streams (analyzer/diagnosis/stutter.py MIN_STREAMS): a quick run of
+    # 32 requests had exactly 20 chat streams and found no stutter in about one run in two
+    # (a stream short of the bar, or one frozen stream short of the share); 48 give 30.
+    n = 48 if quick else 64
     n_code = n * 3 // 8
     chat = _fit(_rows(AZURE_CONV, n - n_code, streams), n / 5.0)
     completions = _fit(_rows(AZURE_CODE, n_code, code), n / 5.0)
