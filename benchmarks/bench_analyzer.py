@@ -65,7 +65,8 @@ SELECT
     tpot * 0.98, tpot * 1.1, tpot * 1.3, tpot * 1.5, 0,
     prompt_tokens, output_tokens, 'llama-3-8b', tenant, traffic_class, 'vllm', 'pod-' || (i % 4),
     '', '/v1/chat/completions', false, false, NULL, NULL, 'vllm', []::VARCHAR[],
-    kept, CASE WHEN kept THEN 'baseline' ELSE 'dropped' END, 1.0
+    kept, CASE WHEN kept THEN 'baseline' ELSE 'dropped' END, 1.0,
+    'server', NULL  -- token_times_source, instance_id (schema 4)
 FROM r
 """
 
