@@ -85,7 +85,14 @@ SERVE_GROUPS: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
         ("max_buffered_spans", "max_buffered_bytes", "max_body_bytes", "max_pending_writes",
          "decode_processes"),
     ),
-    ("storage", None, ("db", "retention", "duckdb_memory_limit", "duckdb_checkpoint_threshold")),
+    ("storage", None, ("db", "retention", "duckdb_memory_limit", "duckdb_checkpoint_threshold",
+                       "wal")),
+    (
+        "scale-out",
+        "many collectors, one shared lake (docs/scale-out.md)",
+        ("lake", "lake_data", "shard", "receivers", "lake_hot_window", "lake_move_interval_s",
+         "lake_max_unmoved_rows"),
+    ),
 )
 
 
@@ -117,6 +124,16 @@ def _serve_parser(sub: _WithParents) -> None:
             kind = float
         if name == "db":
             kind = Path
+        if isinstance(default, bool):  # an on-by-default switch: --no-NAME turns it off
+            group_of[name].add_argument(
+                "--no-" + name.replace("_", "-"),
+                dest=name,
+                action="store_const",
+                const=False,
+                default=None,
+                help=f"{HELP[name]} (env {ENV[name]}; default {shown_default(name)})",
+            )
+            continue
         group_of[name].add_argument(
             flag,
             type=kind,

@@ -66,7 +66,8 @@ SELECT
     prompt_tokens, output_tokens, 'llama-3-8b', tenant, traffic_class, 'vllm', 'pod-' || (i % 4),
     '', '/v1/chat/completions', false, false, NULL, NULL, 'vllm', []::VARCHAR[],
     kept, CASE WHEN kept THEN 'baseline' ELSE 'dropped' END, 1.0,
-    'server', NULL  -- token_times_source, instance_id (schema 4)
+    'server', NULL,  -- token_times_source, instance_id (schema 4)
+    1  -- commit_seq (schema 5)
 FROM r
 """
 
@@ -74,7 +75,8 @@ ITL_SQL = """
 INSERT INTO itl_hist
 SELECT trace_id, request_id, start_ns,
        list_transform(range({nb}), lambda b: CASE WHEN b = 45 THEN output_tokens - 3
-                                            WHEN b IN (44, 46) THEN 1 ELSE 0 END)::INTEGER[]
+                                            WHEN b IN (44, 46) THEN 1 ELSE 0 END)::INTEGER[],
+       1
 FROM requests
 """
 
@@ -85,7 +87,7 @@ SELECT r.trace_id, lpad(printf('%x', r.start_ns % 100000 * 10 + k), 16, '0'),
        ['llm_request', 'tokentrace.queue', 'tokentrace.prefill', 'tokentrace.decode'][k + 1],
        CASE WHEN k = 0 THEN 2 ELSE 1 END, r.start_ns, r.start_ns + CAST(r.e2e_ms * 1e6 AS BIGINT),
        0, '', 'vllm', 'bench', '{{"gen_ai.request.model": "llama-3-8b"}}', '[]', '[]',
-       '{{"service.name": "vllm"}}'
+       '{{"service.name": "vllm"}}', 1
 FROM requests r, range(4) t(k)
 WHERE r.kept
 """
@@ -93,13 +95,13 @@ WHERE r.kept
 STEPS_SQL = """
 INSERT INTO engine_steps
 SELECT 'vllm', 'pod-0', {t0} + i * 20000000, 18000, CASE WHEN i % 50 = 0 THEN 3000 ELSE 0 END,
-       32, 32, (i % 7)::INTEGER, 0.5 + (i % 40) / 100.0, NULL, []::VARCHAR[], NULL
+       32, 32, (i % 7)::INTEGER, 0.5 + (i % 40) / 100.0, NULL, []::VARCHAR[], NULL, 1
 FROM range(180000) t(i)
 """
 
 GPU_SQL = """
 INSERT INTO gpu_samples
-SELECT 'vllm', 'pod-0', 0, {t0} + i * 1000000000, 60 + i % 35, 60000000000, 80000000000, 1980, 650
+SELECT 'vllm', 'pod-0', 0, {t0} + i * 1000000000, 60 + i % 35, 60000000000, 80000000000, 1980, 650, 1
 FROM range(3600) t(i)
 """
 
@@ -111,7 +113,7 @@ def build_db(path: Path, n: int) -> None:
         for sql in (REQUESTS_SQL, ITL_SQL, SPANS_SQL, STEPS_SQL, GPU_SQL):
             conn.execute(sql.format(**fmt))
         conn.execute(
-            "INSERT INTO kept_traces SELECT trace_id, 'baseline', 50.0, start_ns, 4 FROM requests WHERE kept"
+            "INSERT INTO kept_traces SELECT trace_id, 'baseline', 50.0, start_ns, 4, 1 FROM requests WHERE kept"
         )
         conn.execute("CHECKPOINT")
     finally:

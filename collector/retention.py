@@ -87,6 +87,8 @@ TABLES: tuple[Retained, ...] = (
     Retained("gpu_samples", "ts_ns"),
     Retained("engine_starts", "start_ns"),
     Retained("unmatched_traces", "start_ns"),
+    # the newest row stays: it holds the writer's last `commit_seq` and the WAL checkpoint
+    Retained("commit_log", "committed_ns"),
 )
 
 #: One transaction each: a table, or the tables of a trace together.  `kept_traces`
@@ -118,6 +120,11 @@ def _delete_sql(t: Retained) -> str:
         return (
             f"DELETE FROM kept_traces WHERE (trace_id IN ({_OLD}) AND trace_id NOT IN ({_ALIVE}))"  # noqa: S608 - constant
             f" OR (decided_ns < $cutoff AND trace_id NOT IN ({_DECIDED_ALIVE}))"
+        )
+    if t.table == "commit_log":
+        return (
+            "DELETE FROM commit_log WHERE committed_ns < $cutoff"
+            " AND seq < (SELECT max(seq) FROM commit_log)"
         )
     return f"DELETE FROM {t.table} WHERE {t.column} < $cutoff"  # noqa: S608 - names from TABLES
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -47,6 +49,7 @@ DEFAULT_MAX_BUFFERED_BYTES = 512 * 1024 * 1024
 #: (`collector/decision_cache.py`), and how often its decider looks for ready traces.
 DEFAULT_DECISION_CACHE_SIZE = 100_000
 DEFAULT_DECISION_TICK_S = 0.1
+_SHARD_NAME = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,17 @@ class CollectorSettings:
     max_pending_writes: int = 256
     decode_processes: int = 1
     retention: str | None = None
+    #: the shared lake (docs/scale-out.md): a DuckLake catalog as DuckDB's ATTACH takes it
+    lake: str | None = None
+    lake_data: str | None = None
+    shard: str | None = None
+    #: False: a query node (`--no-receivers`): the explorer and API over the lake, no OTLP
+    receivers: bool = True
+    #: the OTLP write-ahead log: on, off, or auto (on with --lake)
+    wal: str = "auto"
+    lake_hot_window: str = "1h"
+    lake_move_interval_s: float = 2.0
+    lake_max_unmoved_rows: int = 2_000_000
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -127,6 +141,34 @@ class CollectorSettings:
             parse_rules(self.keep_rules)  # a malformed rule fails here, at start-up
         with _blaming("retention"):
             self.retention_s  # noqa: B018 - a malformed duration fails here, at start-up
+        with _blaming("lake_hot_window"):
+            self.lake_hot_window_s  # noqa: B018 - a malformed duration fails here, at start-up
+        if self.wal not in ("on", "off", "auto"):
+            raise SettingError(("wal",), f"wal must be on, off or auto, got {self.wal!r}")
+        if not self.lake_move_interval_s > 0:
+            raise SettingError(
+                ("lake_move_interval_s",),
+                f"lake_move_interval_s must be positive, got {self.lake_move_interval_s}",
+            )
+        if self.lake_max_unmoved_rows < 1:
+            raise SettingError(
+                ("lake_max_unmoved_rows",),
+                f"lake_max_unmoved_rows must be positive, got {self.lake_max_unmoved_rows}",
+            )
+        for name in ("lake_data", "shard"):
+            if getattr(self, name) is not None and not self.lake:
+                raise SettingError((name,), f"{name} names a lake: give --lake too")
+        if not self.receivers and not self.lake:
+            raise SettingError(
+                ("receivers",),
+                "--no-receivers makes a query node over the lake: give --lake too"
+                " (a local file takes one writer, the serve that receives)",
+            )
+        if self.shard is not None and not _SHARD_NAME.fullmatch(self.shard):
+            raise SettingError(
+                ("shard",),
+                f"shard must be 1-128 letters, digits, '.', '_', ':' or '-', got {self.shard!r}",
+            )
 
     @property
     def otlp_bind_host(self) -> str:
@@ -144,6 +186,23 @@ class CollectorSettings:
         if self.api_token:
             applied["api_token"] = "***"
         return applied
+
+    @property
+    def wal_on(self) -> bool:
+        """Whether serve logs accepted exports before acknowledging them (auto: with a lake)."""
+        return self.wal == "on" or (self.wal == "auto" and self.lake is not None)
+
+    @property
+    def shard_name(self) -> str:
+        """This instance's name in the lake: `shard`, else host name + OTLP/HTTP port."""
+        return self.shard or f"{socket.gethostname()}:{self.http_port}"
+
+    @property
+    def lake_hot_window_s(self) -> float:
+        """`lake_hot_window` in seconds."""
+        from tokentrace.collector.retention import parse_duration
+
+        return parse_duration(self.lake_hot_window)
 
     @property
     def retention_s(self) -> float | None:
@@ -201,6 +260,21 @@ HELP: dict[str, str] = {
     "max_pending_writes": "batches the DuckDB writer may queue; beyond it receivers answer 503",
     "decode_processes": "worker processes that decode big OTLP/HTTP protobuf exports off the GIL"
     " (0: decode everything in the collector process)",
+    "lake": "a shared DuckLake catalog as DuckDB's ATTACH takes it, e.g. 'ducklake:postgres:dbname=tokentrace"
+    " host=db.internal': serve moves sealed rows there in batches, its file stays the hot tier"
+    " (docs/scale-out.md); none: the file alone",
+    "lake_data": "where the lake's Parquet files go: a directory or s3://bucket/prefix (needed when"
+    " the catalog is new)",
+    "shard": "this instance's name in the lake (default: host name:OTLP/HTTP port)",
+    "receivers": "a query node: no OTLP receivers, only the explorer and API over the lake"
+    " (with --lake); any number of them run beside the shards",
+    "wal": "log every accepted export to disk before answering 200, replayed at restart:"
+    " on, off, or auto (on with --lake)",
+    "lake_hot_window": "how long rows moved to the lake stay in the local file too (the shard's"
+    " own explorer reads them)",
+    "lake_move_interval_s": "seconds between moves of sealed rows into the lake",
+    "lake_max_unmoved_rows": "rows the local file may hold that the lake has not taken (the lake"
+    " unreachable); beyond it receivers answer 503",
     "retention": "delete data older than this: 7d, 36h, 90m, 3600s, 1d12h (a unit is required;"
     " none keeps everything); the file then stops growing but never shrinks",
 }
@@ -215,6 +289,8 @@ def shown_default(name: str) -> str:
     default: Any = CollectorSettings.__dataclass_fields__[name].default
     if name in ("max_body_bytes", "max_buffered_bytes"):
         return f"{default} ({default // (1024 * 1024)} MiB)"
+    if isinstance(default, bool):
+        return str(default).lower()
     return "none" if default is None or default == "" else str(default)
 
 

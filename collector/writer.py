@@ -124,11 +124,14 @@ class WriteBatch:
     #: was written before the decision cache, or this process, knew it): the writer
     #: leaves out what is stored (`stored.StoredRows`)
     recheck: set[str] = field(default_factory=set)
+    #: the first OTLP write-ahead-log record a restart must replay once this batch, and every
+    #: batch before it, is committed (`tokentrace.collector.wal`); None: no WAL, or no change
+    wal_from: int | None = None
 
     def __bool__(self) -> bool:
         return bool(
             self.requests or self.kept or self.late_spans or self.engine_steps or self.gpu_samples
-            or self.engine_starts or self.unmatched
+            or self.engine_starts or self.unmatched or self.wal_from is not None
         )  # fmt: skip
 
     def row_count(self) -> int:
@@ -151,6 +154,14 @@ def _columns(requests: Sequence[RequestSummary]) -> list[list[Any]]:
 
 
 _dumps = json.JSONEncoder(default=str, ensure_ascii=False).encode
+
+
+#: The columns of `spans` that `_span_rows` gives, in its order.
+SPAN_COLUMNS: tuple[str, ...] = (
+    "trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns", "end_ns",
+    "status_code", "status_message", "service_name", "scope", "attributes", "events", "links",
+    "resource",
+)  # fmt: skip
 
 
 def _span_rows(spans: Sequence[Span]) -> dict[str, list[Any]]:
@@ -286,6 +297,11 @@ class Writer:
         #: writer opened the store (0: none): a trace that started later cannot have
         #: been written before (`Pipeline` rechecks only the ones that started earlier)
         self.stored_until_ns = stored_until_ns(conn)
+        #: the `commit_seq` of the last transaction committed (0: none yet); every row a
+        #: transaction writes carries its seq, and `commit_log` has a row for it
+        self.last_seq = last_commit_seq(conn)
+        #: the newest `wal_from` committed (None: none yet in this store)
+        self.wal_from = wal_checkpoint(conn)
         self.write_errors = 0
         self.last_write_seconds = 0.0
         # batches taken off the queue and not written yet (coalesced, or waiting
@@ -590,6 +606,9 @@ class Writer:
         pieces = [piece for batch in items for piece in _pieces(batch)]
         failed: list[tuple[WriteBatch, Exception]] = []
         self._bisect(pieces, error, failed)
+        wal_from = max((b.wal_from for b in items if b.wal_from is not None), default=None)
+        if wal_from is not None:  # every piece is written or dropped: the batches are done
+            self._write_retrying([WriteBatch(wal_from=wal_from)])
         if failed:
             self._log_dropped(failed, len(pieces))
         else:  # every row went in when written apart: say what the first write met
@@ -641,15 +660,23 @@ class Writer:
     def _write(self, items: list[WriteBatch]) -> None:
         t0 = time.perf_counter()
         conn = self._conn
+        seq = self.last_seq + 1
+        # a piece of a batch split apart (`_pieces`) carries no checkpoint: the batch's own
+        # is committed once all of its pieces are (`_write_apart`)
+        wal_from = max((b.wal_from for b in items if b.wal_from is not None), default=None)
         conn.execute("BEGIN TRANSACTION")
         try:
-            requests, spans, samples, steps, stored = self._write_rows(conn, items)
-            notes = _write_trace_notes(conn, items)
+            requests, spans, samples, steps, stored = self._write_rows(conn, items, seq)
+            notes = _write_trace_notes(conn, items, seq)
+            _log_commit(conn, seq, self._clock(), wal_from)
             conn.execute("COMMIT")
         except Exception as exc:
             # logged once an outage, not at every retry
             _rollback(conn, exc, quiet=self._store_error is not None)
             raise
+        self.last_seq = seq
+        if wal_from is not None:
+            self.wal_from = wal_from
         self.rows_written += len(requests) + len(spans) + len(steps) + len(samples) + notes
         self.requests_written += len(requests)
         self.spans_written += len(spans)
@@ -663,7 +690,7 @@ class Writer:
             self._on_write(self.last_write_seconds)
 
     def _write_rows(
-        self, conn: duckdb.DuckDBPyConnection, items: list[WriteBatch]
+        self, conn: duckdb.DuckDBPyConnection, items: list[WriteBatch], seq: int
     ) -> tuple[list[RequestSummary], list[Span], list[dict[str, Any]], list[EngineStep], StoredRows | None]:
         """Inserts the batches' rows in the caller's transaction, but for those of
         re-sent traces the store holds (`StoredRows`); gives what it inserted."""
@@ -684,7 +711,10 @@ class Writer:
             # column-wise getattr: asdict() deep-copies every row and is the slow part
             table = pa.table(dict(zip(COLUMNS, _columns(requests), strict=True)))
             conn.register("_new_requests", table)
-            conn.execute(f"INSERT INTO requests ({', '.join(COLUMNS)}) SELECT * FROM _new_requests")  # noqa: S608 - fixed column names
+            conn.execute(
+                f"INSERT INTO requests ({', '.join(COLUMNS)}, commit_seq) SELECT *, $seq FROM _new_requests",  # noqa: S608 - fixed column names
+                {"seq": seq},
+            )
             conn.unregister("_new_requests")
             hist = pa.table(
                 {
@@ -695,11 +725,19 @@ class Writer:
                 }
             )
             conn.register("_new_hist", hist)
-            conn.execute("INSERT INTO itl_hist SELECT * FROM _new_hist")
+            conn.execute(
+                "INSERT INTO itl_hist (trace_id, request_id, start_ns, counts, commit_seq) "
+                "SELECT *, $seq FROM _new_hist",
+                {"seq": seq},
+            )
             conn.unregister("_new_hist")
         if spans:
             conn.register("_new_spans", pa.table(_span_rows(spans)))
-            conn.execute("INSERT INTO spans SELECT * FROM _new_spans")
+            names = ", ".join(SPAN_COLUMNS)
+            conn.execute(
+                f"INSERT INTO spans ({names}, commit_seq) SELECT {names}, $seq FROM _new_spans",  # noqa: S608 - fixed names
+                {"seq": seq},
+            )
             conn.unregister("_new_spans")
         if kept:
             conn.register(
@@ -714,7 +752,11 @@ class Writer:
                     }
                 ),
             )
-            conn.execute("INSERT INTO kept_traces SELECT * FROM _new_kept")
+            conn.execute(
+                "INSERT INTO kept_traces (trace_id, reason, weight, decided_ns, span_count, "
+                "commit_seq) SELECT *, $seq FROM _new_kept",
+                {"seq": seq},
+            )
             conn.unregister("_new_kept")
         if steps:
             conn.register(
@@ -722,18 +764,44 @@ class Writer:
                 pa.table({f: [getattr(st, f) for st in steps] for f in EngineStep.__slots__}),
             )
             cols = ", ".join(EngineStep.__slots__)
-            conn.execute(f"INSERT INTO engine_steps ({cols}) SELECT {cols} FROM _new_steps")  # noqa: S608 - dataclass field names
+            conn.execute(
+                f"INSERT INTO engine_steps ({cols}, commit_seq) SELECT {cols}, $seq FROM _new_steps",  # noqa: S608 - dataclass field names
+                {"seq": seq},
+            )
             conn.unregister("_new_steps")
         if samples:
             conn.register("_new_gpu", pa.Table.from_pylist(samples))
             names = ", ".join(samples[0].keys())
-            conn.execute(f"INSERT INTO gpu_samples ({names}) SELECT {names} FROM _new_gpu")  # noqa: S608 - fixed keys from the metrics decoder
+            conn.execute(
+                f"INSERT INTO gpu_samples ({names}, commit_seq) SELECT {names}, $seq FROM _new_gpu",  # noqa: S608 - fixed keys from the metrics decoder
+                {"seq": seq},
+            )
             conn.unregister("_new_gpu")
         return requests, spans, samples, steps, stored
 
 
 
-def _write_trace_notes(conn: duckdb.DuckDBPyConnection, items: list[WriteBatch]) -> int:
+def _log_commit(conn: duckdb.DuckDBPyConnection, seq: int, now_ns: int, wal_from: int | None) -> None:
+    """Records the transaction `seq` in `commit_log`, in that transaction."""
+    conn.execute("INSERT INTO commit_log VALUES (?, ?, ?)", [seq, now_ns, wal_from])
+
+
+def last_commit_seq(conn: duckdb.DuckDBPyConnection) -> int:
+    """Gives the newest `commit_log.seq` of the store (0: none)."""
+    [(seq,)] = conn.execute("SELECT coalesce(max(seq), 0) FROM commit_log").fetchall()
+    return int(seq)
+
+
+def wal_checkpoint(conn: duckdb.DuckDBPyConnection) -> int | None:
+    """Gives the first write-ahead-log record a restart must replay: the newest committed
+    `wal_from` (None: no commit has set one; replay everything the log holds)."""
+    rows = conn.execute(
+        "SELECT wal_from FROM commit_log WHERE wal_from IS NOT NULL ORDER BY seq DESC LIMIT 1"
+    ).fetchall()
+    return int(rows[0][0]) if rows else None
+
+
+def _write_trace_notes(conn: duckdb.DuckDBPyConnection, items: list[WriteBatch], seq: int) -> int:
     """Inserts the batches' engine starts and unmatched traces in the caller's transaction,
     one row a trace: not those of re-sent traces the store holds already (the first copy
     wins, as `stored.StoredRows` has it for the other tables); gives the rows inserted."""
@@ -763,7 +831,10 @@ def _write_trace_notes(conn: duckdb.DuckDBPyConnection, items: list[WriteBatch])
             continue
         conn.register("_new_notes", pa.Table.from_pylist(list(new.values())))
         names = ", ".join(next(iter(new.values())))
-        conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _new_notes")  # noqa: S608 - fixed names
+        conn.execute(
+            f"INSERT INTO {table} ({names}, commit_seq) SELECT {names}, $seq FROM _new_notes",  # noqa: S608 - fixed names
+            {"seq": seq},
+        )
         conn.unregister("_new_notes")
         written += len(new)
     return written

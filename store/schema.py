@@ -34,6 +34,13 @@ engine_starts
 unmatched_traces
     One row per trace that matched no span convention (no request, no start-up,
     no engine step): its root span's name and span count, for the report's coverage.
+commit_log
+    One row per writer transaction (`seq`, `committed_ns`, `wal_from`).  Every data
+    row carries the `commit_seq` of the transaction that wrote it (NULL: written
+    before schema 5): a shard moves rows into the lake by ranges of it.  `wal_from`
+    is the first OTLP write-ahead-log record that a restart must replay once this
+    transaction is committed (NULL: this commit does not move it; see
+    `tokentrace.collector.wal`).
 """
 
 from __future__ import annotations
@@ -44,7 +51,14 @@ import duckdb
 
 from tokentrace.store.errors import StoreError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
+
+#: The tables of data rows, each stamped with the writer's `commit_seq` (migration 5): what
+#: a shard moves into the lake (docs/scale-out.md) and retention deletes.
+DATA_TABLES: tuple[str, ...] = (
+    "requests", "itl_hist", "spans", "kept_traces", "engine_steps", "gpu_samples",
+    "engine_starts", "unmatched_traces",
+)  # fmt: skip
 
 #: Upper bounds (ms) of the inter-token-gap histogram buckets: log-spaced with
 #: ~12 % resolution from 0.1 ms to ~60 s; one more bucket holds anything above.
@@ -211,6 +225,19 @@ _MIGRATIONS: dict[int, list[str]] = {
             service VARCHAR NOT NULL,
             root_name VARCHAR NOT NULL,
             span_count INTEGER NOT NULL
+        )
+        """,
+    ],
+    5: [
+        # Which writer transaction wrote each row: the lake's movers take ranges of it, and a
+        # range moved twice is recognised by it (docs/scale-out.md).  Appended as a constant
+        # per transaction, so the hot insert path pays one column.  NULL for older rows.
+        *(f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS commit_seq BIGINT" for t in DATA_TABLES),
+        """
+        CREATE TABLE IF NOT EXISTS commit_log (
+            seq BIGINT NOT NULL,
+            committed_ns BIGINT NOT NULL,
+            wal_from BIGINT
         )
         """,
     ],

@@ -141,7 +141,8 @@ def test_serve_help_groups_every_setting_once_and_keeps_its_flag_env_and_default
     titles = [g.title for g in serve._action_groups]
     assert titles[2:] == [title for title, _, _ in SERVE_GROUPS]  # after positionals, options
     for name in names:
-        flag = "--" + name.replace("_", "-")
+        switch = isinstance(CollectorSettings.__dataclass_fields__[name].default, bool)
+        flag = ("--no-" if switch else "--") + name.replace("_", "-")
         assert f"(env {env[name]}; default {shown_default(name)})" in _help_of(serve, flag), flag
     assert serve.format_usage() == "usage: tokentrace serve [-h] [-v] [--SETTING VALUE ...]\n"
 

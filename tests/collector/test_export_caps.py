@@ -344,8 +344,9 @@ def test_max_buffered_bytes_is_a_setting_flag_and_variable(monkeypatch: pytest.M
 
 def test_every_setting_is_in_the_settings_table_of_the_docs() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "collector.md").read_text()
-    for name in CollectorSettings.__dataclass_fields__:
-        assert "--" + name.replace("_", "-") in doc, name
+    for name, f in CollectorSettings.__dataclass_fields__.items():
+        switch = isinstance(f.default, bool)  # on by default: the flag turns it off
+        assert ("--no-" if switch else "--") + name.replace("_", "-") in doc, name
 
 
 def test_serve_hands_max_buffered_bytes_to_its_pipeline(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -19,7 +19,7 @@ import pytest
 
 from tokentrace.store.connection import keep_store_private, open_db
 
-WRITE = "INSERT INTO kept_traces VALUES ('t', 'baseline', 50.0, 1, 0)"
+WRITE = "INSERT INTO kept_traces (trace_id, reason, weight, decided_ns, span_count) VALUES ('t', 'baseline', 50.0, 1, 0)"
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ from tt_testkit import unwritable
 
 from tokentrace.store.connection import StoreError, open_db, open_read_only
 
-WRITE = "INSERT INTO kept_traces VALUES ('t', 'baseline', 50.0, 1, 0)"
+WRITE = "INSERT INTO kept_traces (trace_id, reason, weight, decided_ns, span_count) VALUES ('t', 'baseline', 50.0, 1, 0)"
 
 
 def _up_to_date(db: Path) -> Path:

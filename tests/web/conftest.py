@@ -140,7 +140,7 @@ def many_spans(generated: tuple[Path, list[GeneratedRequest]], tmp_path_factory:
             "INSERT INTO spans SELECT s.trace_id, printf('%016x', 1000000 + i), "
             "CASE WHEN i < 100 THEN s.span_id ELSE printf('%016x', 1000000 + i % 100) END, "
             "'tool.call ' || i, 1, s.start_ns + i * 1000, s.start_ns + i * 1000 + 500000, 0, '', "
-            "s.service_name, 'tools', json_object('k', i, 'db.statement', 'SELECT ' || i), '[]', '[]', s.resource "
+            "s.service_name, 'tools', json_object('k', i, 'db.statement', 'SELECT ' || i), '[]', '[]', s.resource, s.commit_seq "
             "FROM spans s, range(?) t(i) WHERE s.span_id = (SELECT span_id FROM spans WHERE name = ? "
             "ORDER BY trace_id LIMIT 1)",
             [MANY_SPANS, "tokentrace.request"],

@@ -30,7 +30,7 @@ def _get(server: WebServer, path: str) -> httpx.Response:
 def _unmatched_rows(conn: duckdb.DuckDBPyConnection, n: int, start_ns: int) -> None:
     for i in range(n):
         conn.execute(
-            "INSERT INTO unmatched_traces VALUES (?, ?, 'my-app', ?, 3)",
+            "INSERT INTO unmatched_traces (trace_id, start_ns, service, root_name, span_count) VALUES (?, ?, 'my-app', ?, 3)",
             [f"{i:032x}", start_ns + i, "llm.request" if i % 3 else "GET /health"],
         )
 
