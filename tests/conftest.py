@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tt_testkit import ServeProcess, machine_share, start_serve
@@ -70,3 +71,24 @@ def serve(tmp_path: Path) -> Iterator[ServeProcess]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Any]:
+    """A real PostgreSQL server of this test process (tests/tt_postgres.py); skips where
+    PostgreSQL is not installed (`.ci/run` installs it)."""
+    from tt_postgres import PostgresServer, bin_dir
+
+    if bin_dir() is None:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql): the lake's catalog")
+    server = PostgresServer()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def lake(postgres: Any, tmp_path: Path) -> tuple[str, str]:
+    """A new, empty lake: (`--lake` URI, `--lake-data` directory)."""
+    return postgres.new_lake(tmp_path / "lake-data")

@@ -1,0 +1,213 @@
+"""Attaching the lake and making its tables: the local schema's tables, column for column.
+
+The lake's tables are made from the local schema itself (a scratch in-memory DuckDB migrated
+to `SCHEMA_VERSION`), so the analyzer's SQL reads a lake exactly as it reads a file: one
+dialect from a laptop to a fleet.  Beside them, `lake_moves` is the movers' ledger: one row
+per batch a shard moved, written in the batch's own transaction (`tokentrace.collector.
+lake_mover`), so a batch moved twice is recognised and stored once.
+
+Several shards start at once against one new lake: their CREATE TABLEs race, and DuckLake
+fails the losers' commits.  Every catalog change here is retried (`retrying`).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Callable
+from functools import cache
+from typing import TypeVar
+
+import duckdb
+
+from tokentrace.store.errors import StoreError
+from tokentrace.store.lake.extensions import _quoted, load_lake_extensions
+from tokentrace.store.schema import DATA_TABLES, SCHEMA_VERSION, migrate
+
+#: The name the lake is attached under, in every connection that reads or writes it.
+ALIAS = "lake"
+
+#: Tables with a trace id are partitioned by a hash bucket of it: a look-up of one trace reads
+#: 1/16 of the files, which DuckLake prunes by the partition value in the catalog, without
+#: opening them (random ids defeat Parquet's min/max statistics).  See docs/scale-out.md.
+TRACE_BUCKETS = 16
+
+#: The movers' ledger: `shard` moved its commits `first_seq`..`last_seq` (its `commit_seq`
+#: values) in one lake transaction with their `rows`.
+MOVES_DDL = (
+    "CREATE TABLE IF NOT EXISTS {alias}.lake_moves (shard VARCHAR NOT NULL, first_seq BIGINT"
+    " NOT NULL, last_seq BIGINT NOT NULL, rows BIGINT NOT NULL, moved_ns BIGINT NOT NULL)"
+)
+
+_T = TypeVar("_T")
+
+#: Attempts of a catalog change that conflicts with another writer's, and the first backoff.
+RETRIES = 8
+RETRY_FIRST_S = 0.05
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether `exc` is a DuckLake commit that lost a race with another writer (retry it)."""
+    text = str(exc).lower()
+    return isinstance(exc, duckdb.TransactionException) or "conflict" in text
+
+
+def retrying(action: Callable[[], _T], attempts: int = RETRIES) -> _T:
+    """Runs `action` (one transaction) again while it conflicts with another writer's, with a
+    jittered backoff; the last conflict is raised."""
+    delay = RETRY_FIRST_S
+    for attempt in range(attempts):
+        try:
+            return action()
+        except duckdb.Error as exc:
+            if not is_conflict(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(delay * (1 + random.random()))  # noqa: S311 - jitter, not secrets
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
+def attach(
+    conn: duckdb.DuckDBPyConnection,
+    uri: str,
+    data_path: str | None = None,
+    *,
+    read_only: bool = False,
+) -> None:
+    """Attaches the lake `uri` (a DuckLake catalog as DuckDB's ATTACH takes it, e.g.
+    `ducklake:postgres:dbname=tokentrace host=db.internal`) to `conn` as `ALIAS`; a writer
+    (`read_only=False`) also makes or completes the lake's tables.  Raises StoreError with
+    DuckDB's reason when the catalog cannot be reached or read."""
+    load_lake_extensions(conn)
+    options = []
+    if data_path:
+        options.append(f"DATA_PATH '{_quoted(data_path)}'")
+    if read_only:
+        options.append("READ_ONLY")
+    clause = f" ({', '.join(options)})" if options else ""
+    target = uri if uri.startswith("ducklake:") else f"ducklake:{uri}"
+    try:
+        conn.execute(f"ATTACH '{_quoted(target)}' AS {ALIAS}{clause}")
+    except duckdb.Error as exc:
+        raise StoreError(f"cannot attach the lake {describe(uri)}: {_first_line(exc)}") from exc
+    if not read_only:
+        try:
+            ensure_tables(conn)
+        except duckdb.Error as exc:
+            raise StoreError(f"cannot make the lake's tables in {describe(uri)}: {_first_line(exc)}") from exc
+
+
+_PASSWORD = re.compile(r"password\s*=\s*('[^']*'|\S+)", re.IGNORECASE)
+
+
+def describe(uri: str) -> str:
+    """`uri` for a message, with any password masked."""
+    return _PASSWORD.sub("password=***", uri)
+
+
+def _first_line(exc: BaseException) -> str:
+    """DuckDB's reason, one line, with any password it repeats from the URI masked."""
+    text = str(exc).strip()
+    return describe(text.splitlines()[0]) if text else type(exc).__name__
+
+
+@cache
+def local_columns() -> dict[str, tuple[tuple[str, str], ...]]:
+    """Gives every data table's (column, type) list as this tokentrace's schema has it."""
+    scratch = duckdb.connect()
+    try:
+        migrate(scratch, "the schema")
+        rows = scratch.execute(
+            "SELECT table_name, column_name, data_type FROM duckdb_columns() "
+            "WHERE database_name = current_database() AND schema_name = 'main' "
+            "ORDER BY table_name, column_index"
+        ).fetchall()
+    finally:
+        scratch.close()
+    columns: dict[str, list[tuple[str, str]]] = {}
+    for table, column, kind in rows:
+        if table in DATA_TABLES:
+            columns.setdefault(table, []).append((column, kind))
+    return {table: tuple(cols) for table, cols in columns.items()}
+
+
+def _lake_columns(conn: duckdb.DuckDBPyConnection) -> dict[str, set[str]]:
+    rows = conn.execute(
+        "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = ?", [ALIAS]
+    ).fetchall()
+    have: dict[str, set[str]] = {}
+    for table, column in rows:
+        have.setdefault(table, set()).add(column)
+    return have
+
+
+def ensure_tables(conn: duckdb.DuckDBPyConnection) -> None:
+    """Makes the lake's tables where missing, adds columns a newer schema has, and records
+    the schema version: each change its own transaction, retried on conflicts."""
+    want = local_columns()
+    have = _lake_columns(conn)
+    for table, cols in want.items():
+        if table not in have:
+            body = ", ".join(f'"{c}" {kind}' for c, kind in cols)
+
+            def create(table: str = table, body: str = body) -> None:
+                conn.execute(f"CREATE TABLE IF NOT EXISTS {ALIAS}.{table} ({body})")  # noqa: S608 - names from the schema
+                if "trace_id" in dict(cols):
+                    conn.execute(
+                        f"ALTER TABLE {ALIAS}.{table} SET PARTITIONED BY (bucket({TRACE_BUCKETS}, trace_id))"  # noqa: S608
+                    )
+
+            retrying(lambda create=create: _in_transaction(conn, create))
+            continue
+        for column, kind in cols:
+            if column not in have[table]:
+                sql = f'ALTER TABLE {ALIAS}.{table} ADD COLUMN IF NOT EXISTS "{column}" {kind}'
+                retrying(lambda sql=sql: conn.execute(sql))
+    if "lake_moves" not in have:
+        retrying(lambda: conn.execute(MOVES_DDL.format(alias=ALIAS)))
+    if "schema_version" not in have:
+        retrying(
+            lambda: conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {ALIAS}.schema_version "
+                "(version INTEGER NOT NULL, applied_at TIMESTAMP NOT NULL)"
+            )
+        )
+    [(version,)] = conn.execute(f"SELECT max(version) FROM {ALIAS}.schema_version").fetchall()  # noqa: S608
+    if version is None or version < SCHEMA_VERSION:
+        retrying(
+            lambda: conn.execute(
+                f"INSERT INTO {ALIAS}.schema_version VALUES (?, now())", [SCHEMA_VERSION]  # noqa: S608
+            )
+        )
+    elif version > SCHEMA_VERSION:
+        raise StoreError(
+            f"the lake's schema version {version} is newer than this tokentrace "
+            f"({SCHEMA_VERSION}); upgrade tokentrace"
+        )
+
+
+def _in_transaction(conn: duckdb.DuckDBPyConnection, action: Callable[[], None]) -> None:
+    conn.execute("BEGIN TRANSACTION")
+    try:
+        action()
+        conn.execute("COMMIT")
+    except BaseException:
+        try:
+            conn.execute("ROLLBACK")
+        except duckdb.Error:
+            pass
+        raise
+
+
+def open_lake(uri: str, data_path: str | None = None, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
+    """Gives an in-memory DuckDB connection with the lake attached and in use: the analyzer's
+    unqualified table names read the lake's tables (a query node, `report --lake`)."""
+    conn = duckdb.connect()
+    try:
+        attach(conn, uri, data_path, read_only=read_only)
+        conn.execute(f"USE {ALIAS}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
