@@ -151,9 +151,11 @@ def ensure_tables(conn: duckdb.DuckDBPyConnection) -> None:
         if table not in have:
             body = ", ".join(f'"{c}" {kind}' for c, kind in cols)
 
-            def create(table: str = table, body: str = body) -> None:
+            by_trace = "trace_id" in dict(cols)
+
+            def create(table: str = table, body: str = body, by_trace: bool = by_trace) -> None:
                 conn.execute(f"CREATE TABLE IF NOT EXISTS {ALIAS}.{table} ({body})")  # noqa: S608 - names from the schema
-                if "trace_id" in dict(cols):
+                if by_trace:
                     conn.execute(
                         f"ALTER TABLE {ALIAS}.{table} SET PARTITIONED BY (bucket({TRACE_BUCKETS}, trace_id))"  # noqa: S608
                     )
