@@ -40,6 +40,17 @@ def open_local(db: Path | None, command: str) -> duckdb.DuckDBPyConnection:
         raise exc.for_command(command) from exc
 
 
+def open_store(args: argparse.Namespace, command: str) -> duckdb.DuckDBPyConnection:
+    """Opens what `command` reads: the lake (`args.lake`, read-only, its tables in use: the
+    analyzer's SQL reads it as a file) or the database file `args.db`."""
+    lake = getattr(args, "lake", None)
+    if lake:
+        from tokentrace.store.reader import LakeAddress, open_lake_reader
+
+        return open_lake_reader(LakeAddress(lake, getattr(args, "lake_data", None)))
+    return open_local(args.db, command)
+
+
 #: A duration ago for `--since` / `--until`: 10m, 2h, 1d, 90s, 1d12h (a unit is required).
 _DURATION = re.compile(r"(?:\d+(?:\.\d+)?[dhms])+")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
@@ -131,7 +142,7 @@ def _export_requests(args: argparse.Namespace, filters: Filters, out: IO[bytes])
     if args.url:
         fetch_requests(args.url, filters, args.format, out, args.limit, args.token)
         return
-    conn = open_local(args.db, "requests")
+    conn = open_store(args, "requests")
     try:
         write_requests(conn, filters, args.format, out, args.limit)
     finally:
@@ -148,7 +159,7 @@ def run_report(args: argparse.Namespace, filters: Filters) -> int:
         # the HTML report links its example traces to the explorer it came from
         text = render_html(report, explorer=url) if renderer is render_html else renderer(report)
     else:
-        conn = open_local(args.db, "report")
+        conn = open_store(args, "report")
         try:
             text = renderer(build_report(conn, filters))
         finally:

@@ -35,6 +35,55 @@ def _add_db(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", type=Path, default=None, help=DB_HELP)
 
 
+#: The lake's variables, as `serve` names them (collector/settings.py ENV).
+LAKE_ENV = "TOKENTRACE_LAKE"
+LAKE_DATA_ENV = "TOKENTRACE_LAKE_DATA"
+
+
+def _add_lake(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--lake",
+        default=None,
+        help="read a shared lake instead of --db: a DuckLake catalog as DuckDB's ATTACH takes it, "
+        f"e.g. 'ducklake:postgres:dbname=tokentrace host=db.internal' (env {LAKE_ENV}; "
+        "docs/scale-out.md)",
+    )
+    p.add_argument(
+        "--lake-data",
+        default=None,
+        help="the lake's data path, a directory or s3://… (env "
+        f"{LAKE_DATA_ENV}; default: the path the lake was made with)",
+    )
+
+
+class UsageError(ValueError):
+    """Options that contradict each other: said in one line, exit status 2."""
+
+
+def resolve_store(args: argparse.Namespace) -> None:
+    """Settles what `report` / `requests` read, flag → environment → default: sets `args.lake`
+    (None: the file `args.db`) and `args.lake_data`.  Two stores named the same way (both
+    flags, or both variables) is a UsageError: which one to read is the user's to say."""
+    from tokentrace.store.location import DB_ENV
+
+    url = getattr(args, "url", None)
+    if args.lake and args.db is not None:
+        raise UsageError("--db and --lake name two stores: give one (the file or the lake)")
+    if args.lake and url:
+        raise UsageError("--url and --lake name two sources: give one (the server or the lake)")
+    lake = args.lake
+    if lake is None and args.db is None and not url:
+        lake = os.environ.get(LAKE_ENV) or None
+        if lake and os.environ.get(DB_ENV):
+            raise UsageError(
+                f"both {DB_ENV} and {LAKE_ENV} are set: pass --db or --lake to say which to read"
+            )
+    lake_data = args.lake_data or (os.environ.get(LAKE_DATA_ENV) or None if lake else None)
+    if args.lake_data and not lake:
+        raise UsageError("--lake-data names the lake's files: give --lake too")
+    args.lake, args.lake_data = lake, lake_data
+
+
 def _add_window(p: argparse.ArgumentParser) -> None:
     p.add_argument("--service", help="only requests of this service.name (e.g. tiny-llm-stutter)")
     p.add_argument("--model", help="only requests of this model")
@@ -149,6 +198,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     explicit = {k: getattr(args, k) for k in CollectorSettings.__dataclass_fields__}
     settings = resolve(explicit)
+    if not settings.receivers:
+        return _serve_query_node(settings, explicit)
 
     def ready(server: Any) -> None:
         logging.getLogger("tokentrace").info(
@@ -174,6 +225,33 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if warning:
         print(f"tokentrace serve: warning: {warning}", file=sys.stderr, flush=True)
     keep_store_private(settings.db)  # the WAL DuckDB re-creates later, as private as the file
+    serve(settings, ready)
+    return 0
+
+
+def _serve_query_node(settings: CollectorSettings, explicit: dict[str, Any]) -> int:
+    """`serve --lake URI --no-receivers`: the explorer over the lake; no file is opened."""
+    from tokentrace.query_node import next_steps
+    from tokentrace.serve import serve
+
+    if explicit.get("db") is not None:
+        raise UsageError(
+            "--db names a local file, which a query node (--no-receivers) never opens: drop one"
+        )
+
+    def ready(server: Any) -> None:
+        from tokentrace._loopback import host_port
+
+        print(
+            f"tokentrace {__version__}: query node over {server.lake.describe()}, "
+            f"web UI on http://{host_port(settings.host, server.web_port)}",
+            flush=True,
+        )
+        print(next_steps(server), flush=True)
+
+    warning = exposure_warning(settings.host, settings.api_token)
+    if warning:
+        print(f"tokentrace serve: warning: {warning}", file=sys.stderr, flush=True)
     serve(settings, ready)
     return 0
 
@@ -273,6 +351,26 @@ def _raise_if_held(db: Path) -> None:
 
 
 @contextlib.contextmanager
+def _reading_lake(args: argparse.Namespace) -> Iterator[None]:
+    """Turns what DuckDB says while reading the lake (its catalog gone mid-report, a table a
+    shard has not made) into one line that names the lake, any password masked."""
+    import duckdb
+
+    from tokentrace.store.connection import StoreError
+    from tokentrace.store.reader import LakeAddress, first_line
+
+    lake = LakeAddress(args.lake, args.lake_data).describe()
+    try:
+        yield
+    except duckdb.CatalogException as exc:
+        raise StoreError(
+            f"{lake} is not a tokentrace lake, or one of another version: {first_line(exc)}"
+        ) from exc
+    except duckdb.Error as exc:
+        raise StoreError(f"cannot read {lake}: {first_line(exc)}") from exc
+
+
+@contextlib.contextmanager
 def _reading_db(args: argparse.Namespace) -> Iterator[None]:
     """Turns what DuckDB says about a file that is not a tokentrace database
     (an empty file, another program's database, a query on a missing table)
@@ -281,6 +379,10 @@ def _reading_db(args: argparse.Namespace) -> Iterator[None]:
 
     from tokentrace.store.connection import StoreError, resolve_db_path
 
+    if getattr(args, "lake", None):
+        with _reading_lake(args):
+            yield
+        return
     db = resolve_db_path(args.db)
     if not getattr(args, "url", None) and db.is_file() and db.stat().st_size == 0:
         _raise_if_held(db)  # a writer that just created the file holds it before writing it
@@ -318,6 +420,7 @@ def _first_line(exc: BaseException) -> str:
 def _cmd_report(args: argparse.Namespace) -> int:
     from tokentrace.analyzer.report_cli import run_report
 
+    resolve_store(args)
     filters = _filters(args)
     with _reading_db(args):
         return run_report(args, filters)
@@ -326,6 +429,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_requests(args: argparse.Namespace) -> int:
     from tokentrace.analyzer.report_cli import run_requests
 
+    resolve_store(args)
     filters = _filters(args)
     with _reading_db(args):
         return run_requests(args, filters)
@@ -438,6 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_remote(p)
     p.add_argument("--output", "-o", type=Path, help="write to this file instead of stdout")
     _add_db(p)
+    _add_lake(p)
     _add_window(p)
 
     p = sub.add_parser(
@@ -456,6 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=_positive_int, help="at most this many rows")
     _add_remote(p)
     _add_db(p)
+    _add_lake(p)
     _add_window(p)
 
     p = sub.add_parser(
@@ -525,6 +631,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         return 130
+    except UsageError as exc:
+        print(f"tokentrace {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except BrokenPipeError:
         # the reader went away (`tokentrace requests | head`): stop quietly, as `cat` does,
         # with the status a process killed by SIGPIPE has; nothing more goes to the pipe

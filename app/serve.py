@@ -318,8 +318,13 @@ async def _serve_one(server: Any, sockets: list[socket.socket]) -> str | None:
     return None
 
 
-def start_servers(settings: CollectorSettings) -> CollectorServer:
-    """Starts the collector and its servers; the handle's `stop()` decides, flushes and closes."""
+def start_servers(settings: CollectorSettings) -> Any:
+    """Starts the collector and its servers; the handle's `stop()` decides, flushes and closes.
+    A query node (`--no-receivers`) starts only the explorer over the lake (app/query_node.py)."""
+    if not settings.receivers:
+        from tokentrace.query_node import QueryNodeServer
+
+        return QueryNodeServer(settings).start()
     return CollectorServer(settings).start()
 
 

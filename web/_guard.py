@@ -97,7 +97,8 @@ def token_check(token: str, request: Request) -> Response | None:
 
 #: Answered without the token (Host is still checked): what a liveness probe asks, and its
 #: answer says nothing about the traces (Grafana's /api/health, Jaeger's health port alike).
-OPEN_PATHS = frozenset({"/healthz"})
+#: `/readyz` is a query node's (app/query_node.py): whether the lake's catalog answers.
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 
 
 def needs_token(request: Request) -> bool:

@@ -138,6 +138,8 @@ def create_web_app(
     _format.install(templates.env)
     if otlp is not None:
         templates.env.globals["otlp"] = {"http": otlp.http_url, "grpc": otlp.grpc_address}
+    # a query node over the lake takes no traces: its empty page names the shards instead
+    templates.env.globals["lake"] = db.lake is not None
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     reports = ReportCache(db, clock)
     app.state.db = db
