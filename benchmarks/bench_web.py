@@ -30,13 +30,17 @@ from tokentrace.web.app import create_web_app
 
 BASE_NS = 1_767_225_600 * 10**9
 SPAN_NS = 6 * 3600 * 10**9  # the requests spread over six hours
+STEP_NS = 2_500_000  # one engine step every 2.5 ms, on 8 instances in turn (20 ms each)
+#: Every 50th request is kept (baseline): its spans are stored, as the collector's sampler would.
+KEPT_EVERY = 50
 
-# One row per request, columns by name; every value derived from the row number
-# with hash() so the distribution is realistic (skewed latencies, mixed tenants).
-POPULATE_REQUESTS = """
-INSERT INTO requests BY NAME
+# One batch of requests (row numbers $lo..$hi-1, those of shard $shard of $shards): one row per
+# request, columns by name; every value derived from the row number with hash() so the
+# distribution is realistic (skewed latencies, mixed tenants) and the same in every store.
+BATCH_REQUESTS = """
+CREATE OR REPLACE TEMP TABLE batch AS
 SELECT
-    printf('%032x', hash(i)) AS trace_id,
+    printf('%016x%016x', hash(i), hash(-1 - i)) AS trace_id,
     'req-' || i AS request_id,
     $base + i * ($span // $n) AS start_ns,
     q + p + d + coalesce(net, 0) AS e2e_ms,
@@ -51,25 +55,119 @@ SELECT
     CASE WHEN i % 5 = 4 THEN 'batch' ELSE 'interactive' END AS traffic_class,
     'llm-server' AS service, 'pod-' || (i % 8) AS instance, 'prod' AS environment,
     '/v1/chat/completions' AS route, i % 5000 = 0 AS cold_start, i % 997 = 0 AS error,
-    NULL AS gpu_util_mean, NULL AS gpu_mem_max_bytes, 'tokentrace' AS source, []::VARCHAR[] AS flags,
-    i % 50 = 0 AS kept, CASE WHEN i % 50 = 0 THEN 'baseline' ELSE '' END AS sample_reason, 1.0 AS sample_weight
+    NULL::DOUBLE AS gpu_util_mean, NULL::BIGINT AS gpu_mem_max_bytes, 'tokentrace' AS source,
+    []::VARCHAR[] AS flags, i % $kept = 0 AS kept,
+    CASE WHEN i % $kept = 0 THEN 'baseline' ELSE '' END AS sample_reason,
+    CASE WHEN i % $kept = 0 THEN $kept ELSE 1 END::DOUBLE AS sample_weight,
+    'server' AS token_times_source, $seq AS commit_seq
 FROM (
     SELECT i,
         5 + (hash(i * 11) % 400) * (1 + (i % 100 = 0)::INT * 10) AS q,
         40 + hash(i * 13) % 300 AS p,
         200 + hash(i * 17) % 2500 AS d,
         CASE WHEN i % 3 = 0 THEN NULL ELSE 5 + hash(i * 19) % 60 END AS net,
-        8 + hash(i * 23) % 400 AS toks
-    FROM generate_series(0, $n - 1) t(i)
+        CAST(8 + hash(i * 23) % 400 AS INTEGER) AS toks
+    FROM generate_series($lo, $hi - 1) t(i)
+    WHERE i % $shards = $shard
 )
 """
 
-POPULATE_ITL_HIST = """
-INSERT INTO itl_hist
-SELECT trace_id, request_id, start_ns,
-       list_transform(range(119), lambda b: CASE WHEN b BETWEEN 40 AND 52 THEN (hash(start_ns + b) % 20)::INT ELSE 0 END)
-FROM requests
-"""
+# What the batch stores, table by table ({t}: the target's prefix, '' or 'lake.').
+BATCH_ROWS = {
+    "requests": "INSERT INTO {t}requests BY NAME SELECT * FROM batch",
+    "itl_hist": """
+INSERT INTO {t}itl_hist BY NAME
+SELECT trace_id, request_id, start_ns, commit_seq,
+       list_transform(range(119), lambda b: CASE WHEN b BETWEEN 40 AND 52
+                                                 THEN (hash(start_ns + b) % 20)::INT ELSE 0 END) AS counts
+FROM batch
+""",
+    # a kept trace: the client span, the request span (its token offsets), queue, prefill, decode
+    "spans": """
+INSERT INTO {t}spans BY NAME
+WITH kept AS (
+    SELECT trace_id, request_id, start_ns, commit_seq,
+           start_ns + CAST(e2e_ms * 1e6 AS BIGINT) AS end_ns,
+           CAST(coalesce(network_ms, 0) * 5e5 AS BIGINT) AS half_net,
+           CAST(queue_ms * 1e6 AS BIGINT) AS q, CAST(prefill_ms * 1e6 AS BIGINT) AS p,
+           output_tokens, decode_ms
+    FROM batch WHERE kept
+)
+SELECT trace_id, span_id, parent_span_id, name, kind, s0 AS start_ns, s1 AS end_ns, 0 AS status_code,
+       '' AS status_message, 'llm-server' AS service_name, 'bench' AS scope, attributes,
+       '[]' AS events, '[]' AS links, '{"service.name": "llm-server"}' AS resource, commit_seq
+FROM kept, LATERAL (VALUES
+    ('c' || substr(trace_id, 18), '', 'tokentrace.client', 3, start_ns, end_ns, '{}'),
+    ('a' || substr(trace_id, 18), 'c' || substr(trace_id, 18), 'tokentrace.request', 2,
+     start_ns + half_net, end_ns - half_net,
+     '{"tokentrace.request.id": "' || request_id || '", "tokentrace.token.offsets_us": '
+     || to_json(list_transform(range(output_tokens),
+                               lambda k: (q + p) // 1000 + CAST(k * decode_ms * 1000 / output_tokens AS BIGINT)))
+     || '}'),
+    ('b' || substr(trace_id, 18), 'a' || substr(trace_id, 18), 'tokentrace.queue', 1,
+     start_ns + half_net, start_ns + half_net + q, '{}'),
+    ('d' || substr(trace_id, 18), 'a' || substr(trace_id, 18), 'tokentrace.prefill', 1,
+     start_ns + half_net + q, start_ns + half_net + q + p, '{}'),
+    ('e' || substr(trace_id, 18), 'a' || substr(trace_id, 18), 'tokentrace.decode', 1,
+     start_ns + half_net + q + p, end_ns - half_net, '{}')
+) v(span_id, parent_span_id, name, kind, s0, s1, attributes)
+""",
+    "kept_traces": """
+INSERT INTO {t}kept_traces BY NAME
+SELECT trace_id, 'baseline' AS reason, CAST($kept AS DOUBLE) AS weight,
+       start_ns + CAST(e2e_ms * 1e6 AS BIGINT) AS decided_ns, 5 AS span_count, commit_seq
+FROM batch WHERE kept
+""",
+    # this batch's time on the engines: a step every STEP_NS, each naming the 16 requests
+    # started last (shard 0 writes them: the engines' steps reach one shard, by their trace)
+    "engine_steps": """
+INSERT INTO {t}engine_steps BY NAME
+SELECT 'llm-server' AS service, 'pod-' || (s % 8) AS instance, $base + s * $step AS start_ns,
+       19000 AS duration_us, 0 AS prefill_tokens, 16 AS decode_seqs, 16 AS batch_size,
+       3 AS queue_depth, 0.5 AS kv_usage, 18000 AS gpu_us, 17000 AS forward_host_us,
+       ['req-' || (s * $step // ($span // $n) - k) for k in range(16)] AS request_ids,
+       $seq AS commit_seq
+FROM generate_series(CAST($lo * ($span // $n) // $step AS BIGINT),
+                     CAST($hi * ($span // $n) // $step AS BIGINT) - 1) t(s)
+WHERE $shard = 0
+""",
+}
+
+
+def batch_sql(
+    sql: str, *, lo: int, hi: int, n: int, seq: int, shard: int = 0, shards: int = 1
+) -> str:
+    """Gives `sql` with the batch's integers in (they are computed here; nothing comes from outside)."""
+    values = {
+        "$lo": lo, "$hi": hi, "$n": n, "$seq": seq, "$shards": shards, "$shard": shard,
+        "$base": BASE_NS, "$span": SPAN_NS, "$step": STEP_NS, "$kept": KEPT_EVERY,
+    }  # fmt: skip
+    for name, number in values.items():
+        sql = sql.replace(name, str(int(number)))
+    return sql
+
+
+def write_batch(
+    conn: duckdb.DuckDBPyConnection,
+    target: str,
+    *,
+    lo: int,
+    hi: int,
+    n: int,
+    seq: int,
+    shard: int = 0,
+    shards: int = 1,
+) -> None:
+    """Computes one batch of requests and writes it with its ITL histograms, kept spans and engine
+    steps into the tables of `target` ('' the file's own, 'lake.' the lake's), in the caller's
+    transaction."""
+    conn.execute(batch_sql(BATCH_REQUESTS, lo=lo, hi=hi, n=n, seq=seq, shard=shard, shards=shards))
+    for sql in BATCH_ROWS.values():
+        conn.execute(
+            batch_sql(
+                sql.replace("{t}", target), lo=lo, hi=hi, n=n, seq=seq, shard=shard, shards=shards
+            )
+        )
 
 
 def _one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple[Any, ...]:
@@ -79,46 +177,16 @@ def _one(conn: duckdb.DuckDBPyConnection, sql: str) -> tuple[Any, ...]:
     return row
 
 
-def populate(db: Path, n: int) -> str:
-    """Fills `db` with n request summaries, their ITL histograms, engine steps and one kept trace."""
+def populate(db: Path, n: int) -> None:
+    """Fills the file `db` with n request summaries, their ITL histograms, the spans of every
+    KEPT_EVERY-th request (kept) and the engine steps of their six hours, in one go."""
     conn = open_db(db)
     try:
         if _one(conn, "SELECT count(*) FROM requests")[0] >= n:
-            return str(_one(conn, "SELECT trace_id FROM requests WHERE kept ORDER BY e2e_ms DESC LIMIT 1")[0])
-        # only integers computed here go into the text; nothing comes from outside
-        sql = POPULATE_REQUESTS.replace("$n", str(int(n))).replace("$base", str(BASE_NS)).replace("$span", str(SPAN_NS))
-        conn.execute(sql)
-        conn.execute(POPULATE_ITL_HIST)
-        # engine steps every 20 ms on 8 instances, each listing the requests it served
-        conn.execute(
-            f"""INSERT INTO engine_steps
-            SELECT 'llm-server', 'pod-' || (s % 8), {BASE_NS} + s * 2500000, 19000, 0, 16, 16, 3, 0.5, 18000,
-                   ['req-' || (s * 1000 // 9000 + k) for k in range(16)], NULL
-            FROM generate_series(0, {SPAN_NS // 2_500_000} - 1) t(s)"""  # noqa: S608
-        )
-        trace_id, request_id, start_ns, e2e_ms = _one(
-            conn, "SELECT trace_id, request_id, start_ns, e2e_ms FROM requests WHERE kept ORDER BY e2e_ms DESC LIMIT 1"
-        )
-        end_ns = start_ns + int(e2e_ms * 1e6)
-        offsets = list(range(100_000, int(e2e_ms * 1000) - 1000, 20_000))
-        attrs = (
-            '{"tokentrace.request.id": "%s", "tokentrace.token.offsets_us": %s}' % (request_id, offsets)  # noqa: UP031
-        )
-        spans = [
-            ("c" * 16, "", "tokentrace.client", 3, start_ns, end_ns, "{}"),
-            ("a" * 16, "c" * 16, "tokentrace.request", 2, start_ns + 5_000_000, end_ns - 5_000_000, attrs),
-        ] + [
-            (f"{k:016x}", "a" * 16, "tokentrace.decode", 1, start_ns + k * 1_000_000, start_ns + k * 2_000_000, "{}")
-            for k in range(1, 60)
-        ]
-        conn.executemany(
-            "INSERT INTO spans VALUES (?, ?, ?, ?, ?, ?, ?, 0, '', 'llm-server', 'bench', ?, '[]', '[]', "
-            "'{\"service.name\": \"llm-server\"}')",
-            [(trace_id, *s) for s in spans],
-        )
-        conn.execute("INSERT INTO kept_traces VALUES (?, 'baseline', 50.0, ?, ?)", [trace_id, end_ns, len(spans)])
+            return
+        write_batch(conn, "", lo=0, hi=n, n=n, seq=1)
+        conn.execute("DROP TABLE batch")
         conn.execute("CHECKPOINT")
-        return str(trace_id)
     finally:
         conn.close()
 
@@ -150,7 +218,9 @@ def baseline_ms(db: Path, runs: int) -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=1_000_000)
-    ap.add_argument("--db", type=Path, default=None, help="reuse (or create) this file instead of a temp one")
+    ap.add_argument(
+        "--db", type=Path, default=None, help="reuse (or create) this file instead of a temp one"
+    )
     ap.add_argument("--runs", type=int, default=15)
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory()
@@ -162,7 +232,9 @@ def main() -> None:
     port = free_port()
     if True:
         app = create_web_app(CollectorSettings(db=db))
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+        server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+        )
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         while not server.started:
@@ -183,12 +255,16 @@ def main() -> None:
             for _ in range(5):
                 r = client.get("/api/overview?window=7d")
                 pending.append(float(r.headers["server-timing"].split("dur=")[1]))
-            print(f"overview while its report is computed in the background: p50 {statistics.median(pending):.1f} ms "
-                  f"(pending={r.json()['report_pending']})")
+            print(
+                f"overview while its report is computed in the background: p50 {statistics.median(pending):.1f} ms "
+                f"(pending={r.json()['report_pending']})"
+            )
             # the diagnosis fills the report cache the overview reads (stale-while-revalidate)
             for q in ("", "?window=1h&model=qwen-7b"):
                 d = client.get("/api/diagnosis" + q).json()
-                print(f"diagnosis report{q or ' (all)'}: computed in {d['report_compute_s'] * 1000:.0f} ms (cold)")
+                print(
+                    f"diagnosis report{q or ' (all)'}: computed in {d['report_compute_s'] * 1000:.0f} ms (cold)"
+                )
             nxt = client.get("/api/search?sort=e2e_ms&order=desc").json()["next"]
             pages["search (page 2 keyset)"] = "/search?" + httpx.QueryParams(nxt).__str__()
             for name, path in pages.items():

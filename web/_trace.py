@@ -23,7 +23,14 @@ from tokentrace.web._timeline import as_span, build_timeline, client_chunk_times
 SPAN_CAP = 5000
 #: Most requests one trace may hold (batches) before the view truncates.
 REQUEST_CAP = 100
-KIND_NAMES = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
+KIND_NAMES = {
+    0: "unspecified",
+    1: "internal",
+    2: "server",
+    3: "client",
+    4: "producer",
+    5: "consumer",
+}
 STATUS_NAMES = {0: "unset", 1: "ok", 2: "error"}
 
 
@@ -67,9 +74,17 @@ KEPT_WEIGHT = "Its weight is how many requests it stands for: 1 / the chance it 
 def kept_why(reason: str) -> str:
     """Gives why the collector kept a trace's whole span tree and what its weight means, in words."""
     said = KEPT_REASONS.get(reason)
-    why = f"Spans kept whole ({reason}): {said}." if said else f"Spans kept whole (reason {reason})."
+    why = (
+        f"Spans kept whole ({reason}): {said}." if said else f"Spans kept whole (reason {reason})."
+    )
     return f"{why} {KEPT_WEIGHT}"
 
+
+#: How long before a request's start an engine step may have begun and still overlap it: a
+#: scheduler step lasts milliseconds, so a minute is far beyond any.  Without a lower bound on
+#: `start_ns` the steps' query read every step before the request (1.1 s for a request in the
+#: middle of six hours of 8.6 M steps), with it the few row groups around it.
+STEP_LOOKBACK_NS = 60 * 10**9
 
 #: Fewest hex digits the jump box takes as the start of a trace id (pages show the first 16).
 MIN_PREFIX = 8
@@ -89,7 +104,9 @@ def kept_spans(cur: duckdb.DuckDBPyConnection, trace_id: str) -> list[dict[str, 
     spans, _ = load_spans(cur, trace_id)
     if spans:
         return spans
-    summary = cur.execute("SELECT 1 FROM requests WHERE trace_id = ? LIMIT 1", [trace_id]).fetchone()
+    summary = cur.execute(
+        "SELECT 1 FROM requests WHERE trace_id = ? LIMIT 1", [trace_id]
+    ).fetchone()
     if summary is not None:
         raise SpansNotKept(
             f"no kept spans for trace id {trace_id}: its spans were sampled out "
@@ -131,7 +148,10 @@ def _json(text: str, default: Any) -> Any:
 def load_spans(cur: duckdb.DuckDBPyConnection, trace_id: str) -> tuple[list[dict[str, Any]], bool]:
     """Gives the stored spans of a trace with their JSON columns parsed, and a truncated flag."""
     rows, truncated = fetch_dicts(
-        cur, "SELECT * FROM spans WHERE trace_id = ? ORDER BY start_ns, span_id", [trace_id], cap=SPAN_CAP
+        cur,
+        "SELECT * FROM spans WHERE trace_id = ? ORDER BY start_ns, span_id",
+        [trace_id],
+        cap=SPAN_CAP,
     )
     for row in rows:
         row["attributes"] = _json(row["attributes"], {})
@@ -290,10 +310,16 @@ def _token_times(
         return "recorded"
     if not spans:
         return "not_kept"
-    return "client" if chunks and request.get("token_times_source") == TOKEN_TIMES_CLIENT else "not_recorded"
+    return (
+        "client"
+        if chunks and request.get("token_times_source") == TOKEN_TIMES_CLIENT
+        else "not_recorded"
+    )
 
 
-def _request_view(cur: duckdb.DuckDBPyConnection, request: dict[str, Any], spans: list[dict[str, Any]]) -> dict[str, Any]:
+def _request_view(
+    cur: duckdb.DuckDBPyConnection, request: dict[str, Any], spans: list[dict[str, Any]]
+) -> dict[str, Any]:
     req_span = _request_span(spans, request)
     client = _client_span(spans, request, req_span)
     start = int(request["start_ns"])
@@ -305,9 +331,14 @@ def _request_view(cur: duckdb.DuckDBPyConnection, request: dict[str, Any], spans
     service, instance = request.get("service") or "", request.get("instance") or ""
     with time_limit(cur):
         steps, steps_truncated = fetch_dicts(
-            cur, queries.load("trace_engine_steps"), [request["request_id"], start, end, service, instance], cap=20_000
+            cur,
+            queries.load("trace_engine_steps"),
+            [request["request_id"], start, end, service, instance, start - STEP_LOOKBACK_NS],
+            cap=20_000,
         )
-        gpu, _ = fetch_dicts(cur, queries.load("trace_gpu_samples"), [start, end, service], cap=5000)
+        gpu, _ = fetch_dicts(
+            cur, queries.load("trace_gpu_samples"), [start, end, service], cap=5000
+        )
         shared, shared_truncated = fetch_dicts(
             cur, queries.load("trace_shared_requests"), [request["request_id"], start, end], cap=200
         )
@@ -323,7 +354,9 @@ def _request_view(cur: duckdb.DuckDBPyConnection, request: dict[str, Any], spans
         "has_spans": req_span is not None,
         "token_times": token_times,
         # the span the client chunks are read from (its name is the sender's: escaped)
-        "client_span": None if client is None else {"span_id": client["span_id"], "name": client["name"]},
+        "client_span": None
+        if client is None
+        else {"span_id": client["span_id"], "name": client["name"]},
         "timeline": timeline,
         "engine_steps": {
             "overlapping": len(steps),
@@ -338,14 +371,24 @@ def _request_view(cur: duckdb.DuckDBPyConnection, request: dict[str, Any], spans
 def trace_data(cur: duckdb.DuckDBPyConnection, trace_id: str) -> dict[str, Any]:
     """Gives everything the trace view shows for one trace; raises TraceNotFound."""
     requests, requests_truncated = fetch_dicts(
-        cur, "SELECT * FROM requests WHERE trace_id = ? ORDER BY start_ns, request_id", [trace_id], cap=REQUEST_CAP
+        cur,
+        "SELECT * FROM requests WHERE trace_id = ? ORDER BY start_ns, request_id",
+        [trace_id],
+        cap=REQUEST_CAP,
     )
     spans, spans_truncated = load_spans(cur, trace_id)
     if not requests and not spans:
         raise TraceNotFound(f"no request or span with trace id {trace_id}")
-    kept, _ = fetch_dicts(cur, "SELECT reason, weight, decided_ns, span_count FROM kept_traces WHERE trace_id = ?", [trace_id], cap=10)
+    kept, _ = fetch_dicts(
+        cur,
+        "SELECT reason, weight, decided_ns, span_count FROM kept_traces WHERE trace_id = ?",
+        [trace_id],
+        cap=10,
+    )
     starts = [s["start_ns"] for s in spans] + [int(r["start_ns"]) for r in requests]
-    ends = [s["end_ns"] for s in spans] + [int(r["start_ns"]) + int(float(r["e2e_ms"] or 0) * 1e6) for r in requests]
+    ends = [s["end_ns"] for s in spans] + [
+        int(r["start_ns"]) + int(float(r["e2e_ms"] or 0) * 1e6) for r in requests
+    ]
     t0, t1 = min(starts), max(ends)
     return {
         "trace_id": trace_id,
