@@ -293,7 +293,8 @@ def make_readiness_endpoint(pipeline: Pipeline) -> Callable[[Request], Awaitable
     async def readyz(request: Request) -> Response:
         reason = pipeline.readiness()
         if reason is None:
-            return JSONResponse({"status": "ready"})
+            note = pipeline.readiness_note()  # a shard's lake unreachable, within its bound
+            return JSONResponse({"status": "ready", **({"lake": note} if note else {})})
         return JSONResponse(
             {"status": "unavailable", "reason": reason},
             status_code=503,

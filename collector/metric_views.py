@@ -1,6 +1,6 @@
 """/metrics families whose values another part keeps: read at each scrape, never
 tallied twice.  The pipeline's counts (`PipelineStats`), the writer's row totals,
-the retention thread's passes, the database file's size."""
+the retention thread's passes, a shard's moves into the lake, the database file's size."""
 
 from __future__ import annotations
 
@@ -67,6 +67,86 @@ class RetentionPasses:
         yield deleted
         yield failed
         yield last_run
+
+
+class LakeState(Protocol):
+    @property
+    def rows_moved_total(self) -> int: ...
+
+    @property
+    def unmoved_rows(self) -> int: ...
+
+    @property
+    def moves_total(self) -> int: ...
+
+    @property
+    def moves_failed_total(self) -> int: ...
+
+    @property
+    def last_move_s(self) -> float | None: ...
+
+    @property
+    def last_move_seconds(self) -> float | None: ...
+
+    @property
+    def reachable(self) -> bool: ...
+
+
+class LakeMoves:
+    """A shard's moves into the lake (`collector/lake_mover.py`), read at each scrape.
+    An alert on `tokentrace_lake_reachable == 0`, or on the last move's age, catches a
+    lake that is down before the shard reaches its unmoved-rows bound and refuses exports."""
+
+    def __init__(self, lake: LakeState) -> None:
+        self._lake = lake
+
+    def describe(self) -> list[Metric]:
+        return list(self._families())
+
+    @staticmethod
+    def _families() -> tuple[
+        CounterMetricFamily, CounterMetricFamily, CounterMetricFamily, GaugeMetricFamily,
+        GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily,
+    ]:  # fmt: skip
+        return (
+            CounterMetricFamily(
+                "tokentrace_lake_rows_moved", "rows this shard moved into the lake"
+            ),
+            CounterMetricFamily("tokentrace_lake_moves", "moves into the lake that committed"),
+            CounterMetricFamily(
+                "tokentrace_lake_moves_failed",
+                "move attempts that failed (the lake unreachable or refusing; retried with a backoff)",
+            ),
+            GaugeMetricFamily(
+                "tokentrace_lake_unmoved_rows",
+                "rows in the local file that the lake does not hold yet (beyond "
+                "lake_max_unmoved_rows receivers answer 503)",
+            ),
+            GaugeMetricFamily(
+                "tokentrace_lake_last_move_timestamp_seconds",
+                "unix time of the last successful move (or of the last check that found nothing to move)",
+            ),
+            GaugeMetricFamily(
+                "tokentrace_lake_last_move_seconds", "how long the last committed move took"
+            ),
+            GaugeMetricFamily(
+                "tokentrace_lake_reachable", "1 while moves succeed, 0 while they fail"
+            ),
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        lake = self._lake
+        moved, moves, failed, unmoved, last, took, reachable = self._families()
+        moved.add_metric([], lake.rows_moved_total)
+        moves.add_metric([], lake.moves_total)
+        failed.add_metric([], lake.moves_failed_total)
+        unmoved.add_metric([], lake.unmoved_rows)
+        if lake.last_move_s is not None:
+            last.add_metric([], lake.last_move_s)
+        if lake.last_move_seconds is not None:
+            took.add_metric([], lake.last_move_seconds)
+        reachable.add_metric([], 1.0 if lake.reachable else 0.0)
+        yield from (moved, moves, failed, unmoved, last, took, reachable)
 
 
 class PipelineCounts:

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from tokentrace.collector.trace_buffer import TraceBuffer
@@ -30,6 +30,21 @@ logger = logging.getLogger("tokentrace.collector")
 #: Why `Pipeline.offer()` refused an export (also the `reason` label of rejected spans).
 REFUSED_BUFFER_FULL = "buffer_full"
 REFUSED_WRITER_BEHIND = "writer_behind"
+#: a shard of a lake holds more rows the lake has not taken than `lake_max_unmoved_rows`
+REFUSED_LAKE_BEHIND = "lake_behind"
+
+
+class LakeGate(Protocol):
+    """What the receivers ask of a shard's lake mover (`collector/lake_mover.py`)."""
+
+    max_unmoved_rows: int
+
+    @property
+    def unmoved_rows(self) -> int: ...
+
+    def behind(self) -> bool: ...
+
+    def condition(self) -> str | None: ...
 
 
 def _mib(nbytes: float) -> str:
@@ -42,6 +57,8 @@ def refusal_message(why: str, store_error: str | None) -> str:
     text = why.replace("_", " ")
     if why == REFUSED_WRITER_BEHIND and store_error is not None:
         text += f": the store takes no writes ({store_error})"
+    if why == REFUSED_LAKE_BEHIND:
+        text += ": too many rows wait for the lake"
     return text + "; retry later"
 
 
@@ -62,8 +79,19 @@ def unready_reason(writer: Writer, buffer: TraceBuffer) -> str | None:
     return None
 
 
-def bound_reached(why: str, writer: Writer, buffer: TraceBuffer) -> str:
+def lake_unready(lake: LakeGate) -> str:
+    """Gives why a shard beyond its unmoved-rows bound refuses exports (/readyz, the log)."""
+    why = lake.condition() or "the lake takes rows slower than they come"
+    return (
+        f"{lake.unmoved_rows} rows wait for the lake, over lake_max_unmoved_rows "
+        f"{lake.max_unmoved_rows} ({why})"
+    )
+
+
+def bound_reached(why: str, writer: Writer, buffer: TraceBuffer, lake: LakeGate | None = None) -> str:
     """Gives the bound behind the refusal reason `why`, with its figures (for the log)."""
+    if why == REFUSED_LAKE_BEHIND and lake is not None:
+        return lake_unready(lake)
     if why == REFUSED_BUFFER_FULL:
         if buffer.full_of_bytes:
             return (

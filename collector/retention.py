@@ -18,6 +18,13 @@ appends, batched behind a queue, are never blocked by a pass nor failed by one
 ingested and checks every accepted request is stored).  Passes are serialized
 by a lock, so a pass requested by hand (`run_pass`) never races the thread's.
 
+In a shard of a lake (`serve --lake`) the retention is the hot window (`--lake-hot-window`):
+a row is deleted once it is older than that AND its commit is in the lake (`moved_through`,
+the mover's last read of the lake's ledger), never before it is moved; the shard's own
+explorer keeps showing the last hour.  A trace's spans moved in different commits (a late
+span) are deleted as each is moved, so the local file may show a part of such a trace for
+a moment; the lake has it whole.
+
 The rows of one trace go together: a trace's `spans` and its `kept_traces` row
 are deleted once *none* of its spans started at or after the cutoff, so a kept
 trace whose request is still retained keeps its whole span tree (a request's
@@ -112,21 +119,25 @@ _DECIDED_ALIVE = (
 )
 
 
-def _delete_sql(t: Retained) -> str:
+def _delete_sql(t: Retained, moved_only: bool = False) -> str:
+    """The DELETE of `t`'s old rows; `moved_only` (a shard of a lake): only rows of the
+    commits the lake holds, up to `$moved` (rows before schema 5 are commit 0)."""
     if t.table == "spans":
-        return f"DELETE FROM spans WHERE start_ns < $cutoff AND trace_id NOT IN ({_ALIVE})"  # noqa: S608 - constant
-    if t.table == "kept_traces":
+        where = f"start_ns < $cutoff AND trace_id NOT IN ({_ALIVE})"
+    elif t.table == "kept_traces":
         # an old trace; or, with no span stored at/after the cutoff, an old decision
-        return (
-            f"DELETE FROM kept_traces WHERE (trace_id IN ({_OLD}) AND trace_id NOT IN ({_ALIVE}))"  # noqa: S608 - constant
+        where = (
+            f"(trace_id IN ({_OLD}) AND trace_id NOT IN ({_ALIVE}))"
             f" OR (decided_ns < $cutoff AND trace_id NOT IN ({_DECIDED_ALIVE}))"
         )
-    if t.table == "commit_log":
-        return (
-            "DELETE FROM commit_log WHERE committed_ns < $cutoff"
-            " AND seq < (SELECT max(seq) FROM commit_log)"
-        )
-    return f"DELETE FROM {t.table} WHERE {t.column} < $cutoff"  # noqa: S608 - names from TABLES
+    elif t.table == "commit_log":
+        where = "committed_ns < $cutoff AND seq < (SELECT max(seq) FROM commit_log)"
+    else:
+        where = f"{t.column} < $cutoff"
+    if moved_only:
+        seq = "seq" if t.table == "commit_log" else "coalesce(commit_seq, 0)"
+        return f"DELETE FROM {t.table} WHERE ({where}) AND {seq} <= $moved"  # noqa: S608 - names from TABLES
+    return f"DELETE FROM {t.table} WHERE {where}"  # noqa: S608 - names from TABLES
 
 
 def check_schema(conn: duckdb.DuckDBPyConnection) -> None:
@@ -152,6 +163,7 @@ class Retention:
         interval_s: float | None = None,
         clock: Callable[[], int] = time.time_ns,
         on_pass: Callable[[dict[str, int]], None] | None = None,
+        moved_through: Callable[[], int | None] | None = None,
     ) -> None:
         if not retention_s > 0:
             raise ValueError(f"retention must be positive, got {retention_s}")
@@ -162,6 +174,9 @@ class Retention:
         self._cursor: duckdb.DuckDBPyConnection | None = None
         self._clock = clock
         self._on_pass = on_pass
+        #: a shard of a lake (`lake_mover.LakeMover.moved_seq`): the newest local commit the
+        #: lake holds (None: not known yet, nothing is deleted); rows after it are never deleted
+        self._moved_through = moved_through
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -210,12 +225,17 @@ class Retention:
             cur = self._cursor
             cutoff = self._clock() - self.retention_ns
             t0 = time.perf_counter()
+            params: dict[str, int] = {"cutoff": cutoff}
+            lake = self._moved_through is not None
+            if self._moved_through is not None:
+                moved = self._moved_through()
+                params["moved"] = -1 if moved is None else moved
             deleted: dict[str, int] = {}
             for group in _GROUPS:
                 cur.execute("BEGIN TRANSACTION")
                 try:
                     for t in group:
-                        row = cur.execute(_delete_sql(t), {"cutoff": cutoff}).fetchone()
+                        row = cur.execute(_delete_sql(t, lake), params).fetchone()
                         deleted[t.table] = int(row[0]) if row else 0
                     cur.execute("COMMIT")
                 except BaseException:

@@ -44,6 +44,8 @@ from prometheus_client.utils import floatToGoString
 from tokentrace import __version__
 from tokentrace.analyzer.summary import RequestSummary
 from tokentrace.collector.metric_views import (
+    LakeMoves,
+    LakeState,
     PipelineCounts,
     RetentionPasses,
     RetentionState,
@@ -322,6 +324,11 @@ class CollectorMetrics:
         `tokentrace_retention_failed_passes_total` and
         `tokentrace_retention_last_run_timestamp_seconds`."""
         self.registry.register(RetentionPasses(retention))
+
+    def watch_lake(self, lake: LakeState) -> None:
+        """Exports a shard's moves into the lake (only a collector with `--lake` has them):
+        the `tokentrace_lake_*` series of `LakeMoves`."""
+        self.registry.register(LakeMoves(lake))
 
     def render(self) -> tuple[bytes, str]:
         """Gives the Prometheus text exposition and its content type.
