@@ -7,6 +7,9 @@ feeds it files.
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING
+
 from tokentrace.collector.decode_pool import steps_dropped_total
 from tokentrace.collector.pipeline import Pipeline
 from tokentrace.collector.retention import Retention
@@ -15,6 +18,12 @@ from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.settings import CollectorSettings
 from tokentrace.collector.writer import Writer
 from tokentrace.store.connection import open_db
+from tokentrace.store.errors import StoreError
+
+if TYPE_CHECKING:
+    from tokentrace.collector.lake_mover import LakeMover
+
+logger = logging.getLogger("tokentrace.collector")
 
 
 class Collector:
@@ -64,9 +73,46 @@ class Collector:
         )
         self.metrics.on_scrape(self._refresh_gauges)
         # --retention: deletes old rows on its own cursor (collector/retention.py says why that is safe)
-        self.retention = Retention(self.conn, settings.retention_s) if settings.retention_s else None
+        # --lake: the shard's mover (lake_mover.py); imported only with a lake
+        self.lake_mover = self._lake_mover(settings) if settings.lake else None
+        self.retention = self._retention(settings)
         if self.retention is not None:
             self.metrics.watch_retention(self.retention)
+
+    def _lake_mover(self, settings: CollectorSettings) -> LakeMover:
+        """Gives the mover of this shard's rows into the lake, the lake attached when it can
+        be: a lake unreachable at start is retried by the mover, the shard takes exports."""
+        from tokentrace.collector.lake_mover import LakeMover
+        from tokentrace.store.lake.extensions import load_lake_extensions
+
+        load_lake_extensions(self.conn)  # no extension is no lake: an error at start
+        assert settings.lake is not None
+        mover = LakeMover(
+            self.conn,
+            settings.lake,
+            settings.lake_data,
+            settings.shard_name,
+            interval_s=settings.lake_move_interval_s,
+            max_unmoved_rows=settings.lake_max_unmoved_rows,
+            writer=self.writer,
+        )
+        try:
+            mover.attach()
+        except StoreError as exc:
+            logger.error("tokentrace lake: %s; the shard takes exports and retries", exc)
+        self.pipeline.lake_gate = mover
+        self.metrics.watch_lake(mover)
+        return mover
+
+    def _retention(self, settings: CollectorSettings) -> Retention | None:
+        """Gives the thread that deletes old rows: with a lake, those moved and older than
+        the hot window (never before they are moved); else those beyond --retention."""
+        if self.lake_mover is not None:
+            mover = self.lake_mover
+            return Retention(
+                self.conn, settings.lake_hot_window_s, moved_through=lambda: mover.moved_seq
+            )
+        return Retention(self.conn, settings.retention_s) if settings.retention_s else None
 
     def _refresh_gauges(self) -> None:
         m = self.metrics
@@ -87,6 +133,8 @@ class Collector:
 
     def start(self) -> None:
         self.pipeline.start()
+        if self.lake_mover is not None:
+            self.lake_mover.start()
         if self.retention is not None:
             self.retention.start()
 
@@ -97,6 +145,10 @@ class Collector:
         self._closed = True
         if self.retention is not None:
             self.retention.close()  # before the writer's final CHECKPOINT
+        if self.lake_mover is not None:
+            self.lake_mover.stop()
         self.pipeline.close()
         self.writer.close()
+        if self.lake_mover is not None:
+            self.lake_mover.close()  # a last move, bounded: a restart moves the rest
         self.conn.close()

@@ -31,9 +31,12 @@ from tokentrace.collector.packed import PackedTrace
 from tokentrace.collector.pipeline_stats import PipelineStats
 from tokentrace.collector.refusals import (
     REFUSED_BUFFER_FULL,
+    REFUSED_LAKE_BEHIND,
     REFUSED_WRITER_BEHIND,
+    LakeGate,
     RefusalEpisodes,
     bound_reached,
+    lake_unready,
     refusal_message,
     unready_reason,
 )
@@ -98,7 +101,11 @@ class Pipeline:
         self._decide_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         #: logs when the receivers start refusing exports and when they stop
-        self.refusals = RefusalEpisodes(lambda why: bound_reached(why, writer, self._buffer))
+        self.refusals = RefusalEpisodes(
+            lambda why: bound_reached(why, writer, self._buffer, self.lake_gate)
+        )
+        #: a shard of a lake: refuses exports while too many rows wait for the lake
+        self.lake_gate: LakeGate | None = None
 
     # ---- receive side ---------------------------------------------------------
     @property
@@ -138,7 +145,15 @@ class Pipeline:
 
     def readiness(self) -> str | None:
         """Why receivers would refuse an export now (`/readyz`), None when ready."""
+        gate = self.lake_gate
+        if gate is not None and gate.behind():
+            return lake_unready(gate)
         return unready_reason(self._writer, self._buffer)
+
+    def readiness_note(self) -> str | None:
+        """What /readyz adds while ready: a shard's lake unreachable, within its bound."""
+        gate = self.lake_gate
+        return gate.condition() if gate is not None else None
 
     def refusal_message(self, why: str) -> str:
         """The message of a 503/UNAVAILABLE for the refusal reason `why`."""
@@ -158,6 +173,10 @@ class Pipeline:
         if not self._buffer.has_room(fresh, nbytes):
             stats.spans_rejected += received
             return REFUSED_BUFFER_FULL
+        gate = self.lake_gate
+        if gate is not None and gate.behind():
+            stats.spans_rejected += received
+            return REFUSED_LAKE_BEHIND
         return None
 
     def _receive(self, items: Sequence[Item], arrivals: Arrivals[Item]) -> str | None:
