@@ -58,7 +58,9 @@ def metric(otlp_http: str, name: str) -> float | None:
     return None
 
 
-def wait_until(check: Callable[[], bool], timeout: float = 60.0, what: str = "the condition") -> None:
+def wait_until(
+    check: Callable[[], bool], timeout: float = 60.0, what: str = "the condition"
+) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
@@ -80,7 +82,9 @@ def count(conn: duckdb.DuckDBPyConnection, sql: str) -> int:
     return int(n)
 
 
-def differences(conn: duckdb.DuckDBPyConnection, shards: dict[str, int]) -> dict[str, tuple[int, int]]:
+def differences(
+    conn: duckdb.DuckDBPyConnection, shards: dict[str, int]
+) -> dict[str, tuple[int, int]]:
     """Gives, per data table, (rows only in the lake, rows only in the shards' files) with
     every row counted as often as it occurs; `shards`: shard name -> index of its local file."""
     out = {}

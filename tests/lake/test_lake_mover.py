@@ -11,8 +11,8 @@ import pytest
 from lake_testkit import count, differences, lake_connection, metric, post_traces, wait_until
 from tt_testkit import start_serve
 
-from tokentrace.collector.lake_moves import Moved
 from tokentrace.collector.lake_mover import LakeMover
+from tokentrace.collector.lake_moves import Moved
 from tokentrace.store.connection import open_db
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,9 @@ def local_file(tmp_path: Path) -> Path:
     try:
         for done in (5, 10, 15):  # three rounds: several commits
             assert post_traces(server.otlp_http, 5) == [200] * 5
-            wait_until(lambda done=done: _requests_written(server.otlp_http) >= done, 30, "a commit")
+            wait_until(
+                lambda done=done: _requests_written(server.otlp_http) >= done, 30, "a commit"
+            )
     finally:
         server.stop()
     return server.db
