@@ -3,6 +3,7 @@ answers, sees what the shards move in after it started, and says when the catalo
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from query_kit import FilledLake, QueryNode, copy_into_lake, fill_lake, start_query_node, tokentrace
 from tracegen import generate
 from tt_testkit import explorer
+from web_testkit import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.slow
 
@@ -174,3 +176,34 @@ def test_query_node_settings_that_contradict_are_one_line(
     assert line.startswith("tokentrace serve: cannot attach the lake postgres:dbname=nowhere")
     assert "pw" not in line.replace("password=***", "")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's /usr/bin/chromium")
+def test_a_browser_reads_the_query_nodes_overview_and_trace_page(
+    node: tuple[QueryNode, Path], filled: FilledLake, tmp_path: Path
+) -> None:
+    from playwright.sync_api import sync_playwright
+
+    url = node[0].url
+    stalled = next(r for r in filled.requests if r.stalled)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{url}/?window=all")
+            page.wait_for_selector(".cards")
+            assert "No requests" not in page.locator("main").inner_text()
+            assert page.locator(".charts").count() == 1
+            page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
+            page.goto(f"{url}/trace/{stalled.trace_id}")
+            section = page.locator("section.request").first
+            assert section.locator("svg.timeline").count() == 1
+            assert section.locator("polyline.gpu").count() == 1  # GPU samples, read from the lake
+            assert stalled.trace_id in page.locator("main").inner_text()
+            page.screenshot(path=str(tmp_path / "trace.png"), full_page=True)
+            assert errors == []
+        finally:
+            browser.close()
