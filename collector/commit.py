@@ -63,8 +63,10 @@ class RoundBatch:
         self._outcomes: dict[tuple[bool, str], int] = {}
         self._duplicates = 0
 
-    def add(self, trace_id: str, outcome: TraceOutcome) -> None:
-        """Adds one trace's outcome: its summaries and engine steps, its spans if kept."""
+    def add(self, trace_id: str, outcome: TraceOutcome, replayed: bool = False) -> None:
+        """Adds one trace's outcome: its summaries and engine steps, its spans if kept.
+        `replayed`: the trace came from the write-ahead log at start, so the store may
+        hold it (decided after the log's checkpoint was committed): it is rechecked."""
         batch = self.batch
         result = outcome.result
         self._duplicates += outcome.duplicates
@@ -100,7 +102,7 @@ class RoundBatch:
         if start is None and outcome.unmatched is not None:  # dropped: only its note is written
             start = outcome.unmatched.start_ns
         if start is not None:
-            if start <= self._horizon:  # its first copy may be stored: the writer looks
+            if replayed or start <= self._horizon:  # its first copy may be stored: the writer looks
                 batch.recheck.add(trace_id)
             self.round_start = max(self.round_start, start)
         self._outcomes[(keep, reason)] = self._outcomes.get((keep, reason), 0) + 1

@@ -30,7 +30,9 @@ simple clients.
 The services take the raw request bytes and parse them here: grpc's own
 deserializer answers a malformed message with INTERNAL "Exception
 deserializing request!" (and logs a traceback), where the sender needs
-INVALID_ARGUMENT and what is wrong with it.
+INVALID_ARGUMENT and what is wrong with it.  With the write-ahead log on
+(`collector/wal.py`), that message is what is logged, and OK waits until it is
+on disk (UNAVAILABLE, with why, when the log cannot write it).
 """
 
 from __future__ import annotations
@@ -56,10 +58,14 @@ from tokentrace.collector.otlp_metrics import gpu_rows_from_request, parse_metri
 from tokentrace.collector.pipeline import Pipeline
 from tokentrace.collector.refusals import REFUSED_WRITER_BEHIND
 from tokentrace.collector.self_metrics import CollectorMetrics
+from tokentrace.collector.wal import Durable, WalError
+from tokentrace.collector.wal_format import KIND_METRICS_PROTOBUF, KIND_TRACES_PROTOBUF
 from tokentrace.collector.writer import WriteBatch
 
 #: Seconds a client should wait before retrying a refused export (the RetryInfo's delay).
 RETRY_AFTER_S = 1
+#: The longest an export waits for its write-ahead-log record to reach the disk.
+WAL_WAIT_S = 30.0
 
 
 TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
@@ -84,6 +90,18 @@ def _abort_retry_later(context: grpc.ServicerContext, message: str) -> None:
     context.abort(grpc.StatusCode.UNAVAILABLE, message)
 
 
+def _wait_logged(durable: Durable | None, context: grpc.ServicerContext, refused: Any) -> None:
+    """Returns once the export's write-ahead-log record is on disk (or there is no log);
+    else ends the call with UNAVAILABLE and why (taken, not durable: the sender retries)."""
+    if durable is None:
+        return
+    try:
+        durable.wait(WAL_WAIT_S)
+    except WalError as exc:
+        refused.labels("grpc", "UNAVAILABLE").inc()
+        _abort_retry_later(context, str(exc))
+
+
 class _TraceService:
     def __init__(self, pipeline: Pipeline, metrics: CollectorMetrics) -> None:
         self._pipeline = pipeline
@@ -105,11 +123,12 @@ class _TraceService:
                 m.exports_refused.labels("grpc", "INVALID_ARGUMENT").inc()
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, rejected.message)
         if spans:
-            why = self._pipeline.offer(spans)
+            why, durable = self._pipeline.offer_logged(spans, KIND_TRACES_PROTOBUF, body)
             if why is not None:
                 m.spans_rejected.labels("grpc", why).inc(len(spans))
                 m.exports_refused.labels("grpc", "UNAVAILABLE").inc()
                 _abort_retry_later(context, self._pipeline.refusal_message(why))
+            _wait_logged(durable, context, m.exports_refused)
             m.spans_accepted.labels("grpc").inc(len(spans))
         reply = ExportTraceServiceResponse()
         if rejected:
@@ -131,9 +150,14 @@ class _MetricsService:
         except (OtlpDecodeError, ValueError) as exc:
             self._m.exports_refused.labels("grpc", "INVALID_ARGUMENT").inc()
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        if result.rows and not self._pipeline.add_engine_data(WriteBatch(gpu_samples=result.rows)):
-            self._m.exports_refused.labels("grpc", "UNAVAILABLE").inc()
-            _abort_retry_later(context, self._pipeline.refusal_message(REFUSED_WRITER_BEHIND))
+        if result.rows:
+            taken, durable = self._pipeline.add_engine_data_logged(
+                WriteBatch(gpu_samples=result.rows), KIND_METRICS_PROTOBUF, body
+            )
+            if not taken:
+                self._m.exports_refused.labels("grpc", "UNAVAILABLE").inc()
+                _abort_retry_later(context, self._pipeline.refusal_message(REFUSED_WRITER_BEHIND))
+            _wait_logged(durable, context, self._m.exports_refused)
         self._m.gpu_samples.inc(len(result.rows))
         reply = ExportMetricsServiceResponse()
         if result.rejected_points:

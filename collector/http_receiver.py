@@ -11,6 +11,9 @@ end in `/`: a redirect would not do, OkHttp does not follow a 307 for a POST.
 
 Big bodies are decompressed and decoded off the event loop (a decode worker, else
 a thread), so one big export does not stall the others and `/readyz`.
+
+With the write-ahead log on (`collector/wal.py`), a trace or metrics export is answered
+200 only once its body is on disk; one the log could not write is answered 503 with why.
 """
 
 from __future__ import annotations
@@ -54,6 +57,13 @@ from tokentrace.collector.packed import PackedTrace, span_count
 from tokentrace.collector.pipeline import Pipeline
 from tokentrace.collector.refusals import REFUSED_WRITER_BEHIND
 from tokentrace.collector.self_metrics import CollectorMetrics
+from tokentrace.collector.wal import Durable, WalError
+from tokentrace.collector.wal_format import (
+    KIND_METRICS_JSON,
+    KIND_METRICS_PROTOBUF,
+    KIND_TRACES_JSON,
+    KIND_TRACES_PROTOBUF,
+)
 from tokentrace.collector.writer import WriteBatch
 
 T = TypeVar("T")
@@ -70,6 +80,7 @@ _GRPC_CODE = {400: 3, 403: 7, 404: 12, 405: 12, 413: 8, 415: 3, 429: 8, 503: 14}
 
 #: Bodies from this size on are decompressed and decoded off the event loop.
 OFF_LOOP_MIN_BYTES = OFFLOAD_MIN_BYTES
+
 
 async def _off_loop(work: Callable[[bytes], T], body: bytes) -> T:
     """Gives `work(body)`, run in a thread when the body is big (the loop stays free)."""
@@ -137,9 +148,29 @@ async def _decode(
     json_body: Callable[[bytes], T],
 ) -> T:  # fmt: skip
     """Reads and decodes a body; BodyError / OtlpDecodeError say what is wrong."""
+    return (await _decode_body(request, max_body_bytes, ctype, proto, json_body))[0]
+
+
+async def _decode_body(
+    request: Request, max_body_bytes: int, ctype: str, proto: Callable[[bytes], T],
+    json_body: Callable[[bytes], T],
+) -> tuple[T, bytes]:  # fmt: skip
+    """`_decode`, and the (decompressed) body it decoded."""
     _check_content_type(ctype)
     body = await read_body(request, max_body_bytes)
-    return await _off_loop(proto if ctype == PROTOBUF else json_body, body)
+    return await _off_loop(proto if ctype == PROTOBUF else json_body, body), body
+
+
+async def _unlogged(durable: Durable | None) -> str | None:
+    """Waits until the export's write-ahead-log record is on disk; gives why it is not
+    (None: durable, or no log)."""
+    if durable is None:
+        return None
+    try:
+        await durable.wait_async()
+    except WalError as exc:
+        return str(exc)
+    return None
 
 
 def _partial(reply_type: str, rejected: int, message: str, signal: str) -> Response:
@@ -173,14 +204,14 @@ def make_traces_endpoint(
 
     async def decode(
         request: Request, ctype: str
-    ) -> tuple[list[Span] | list[PackedTrace], Rejected]:
+    ) -> tuple[tuple[list[Span] | list[PackedTrace], Rejected], bytes]:
         if decoder is None:
-            return await _decode(
+            return await _decode_body(
                 request, max_body_bytes, ctype, decode_protobuf_partial, decode_json_body
             )
         _check_content_type(ctype)
         body = await read_body(request, max_body_bytes)
-        return await decoder.decode(body, json_body=ctype == JSON)
+        return await decoder.decode(body, json_body=ctype == JSON), body
 
     refused = m.exports_refused
     received = m.spans_received.labels("http")
@@ -190,7 +221,7 @@ def make_traces_endpoint(
         ctype = _content_type(request)
         reply_type = JSON if ctype == JSON else PROTOBUF
         try:
-            spans, rejected = await decode(request, ctype)
+            (spans, rejected), body = await decode(request, ctype)
             n_spans = span_count(spans)
         except (BodyError, OtlpDecodeError) as exc:
             return _unreadable(exc, reply_type, refused)
@@ -201,11 +232,16 @@ def make_traces_endpoint(
                 refused.labels("http", "400").inc()
                 return _error(400, rejected.message, reply_type)
         if spans:
-            why = pipeline.offer(spans)
+            kind = KIND_TRACES_JSON if ctype == JSON else KIND_TRACES_PROTOBUF
+            why, durable = pipeline.offer_logged(spans, kind, body)
             if why is not None:
                 m.spans_rejected.labels("http", why).inc(n_spans)
                 refused.labels("http", "503").inc()
                 return _error(503, pipeline.refusal_message(why), reply_type)
+            unlogged = await _unlogged(durable)
+            if unlogged is not None:  # taken, but not durable: the sender must retry
+                refused.labels("http", "503").inc()
+                return _error(503, unlogged, reply_type)
             accepted.inc(n_spans)
         return _partial(reply_type, rejected.count, rejected.message, "traces")
 
@@ -221,14 +257,22 @@ def make_metrics_endpoint(
         ctype = _content_type(request)
         reply_type = JSON if ctype == JSON else PROTOBUF
         try:
-            result = await _decode(
+            result, body = await _decode_body(
                 request, max_body_bytes, ctype, decode_metrics_protobuf, decode_metrics_json_body
             )
         except (BodyError, OtlpDecodeError) as exc:
             return _unreadable(exc, reply_type, m.exports_refused)
-        if result.rows and not pipeline.add_engine_data(WriteBatch(gpu_samples=result.rows)):
-            m.exports_refused.labels("http", "503").inc()
-            return _error(503, pipeline.refusal_message(REFUSED_WRITER_BEHIND), reply_type)
+        if result.rows:
+            kind = KIND_METRICS_JSON if ctype == JSON else KIND_METRICS_PROTOBUF
+            batch = WriteBatch(gpu_samples=result.rows)
+            taken, durable = pipeline.add_engine_data_logged(batch, kind, body)
+            if not taken:
+                m.exports_refused.labels("http", "503").inc()
+                return _error(503, pipeline.refusal_message(REFUSED_WRITER_BEHIND), reply_type)
+            unlogged = await _unlogged(durable)
+            if unlogged is not None:
+                m.exports_refused.labels("http", "503").inc()
+                return _error(503, unlogged, reply_type)
         m.gpu_samples.inc(len(result.rows))
         return _partial(reply_type, result.rejected_points, result.message, "metrics")
 

@@ -11,6 +11,11 @@ A decision thread ticks: it takes the traces that are ready (`collector/waits.py
 decides each (`collector/deciding.py`: its request summaries, kept or not and why),
 and commits the round (`collector/commit.py`): one write batch for the single writer,
 the decisions into the cache, the counts (`collector/pipeline_stats.py`).
+
+With the write-ahead log on (`collector/wal.py`), what `offer_logged` takes is appended
+to the log in the same lock that puts it in the buffer, so the log's seqs follow the
+buffer's order: the oldest pending trace, and the late spans not yet handed over, hold
+the smallest seq still needed, which each round puts on its batch (`WriteBatch.wal_from`).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from tokentrace.collector.settings import (
 )
 from tokentrace.collector.trace_buffer import PendingTrace, TraceBuffer
 from tokentrace.collector.waits import DecisionWaits
+from tokentrace.collector.wal import Durable, WriteAheadLog
 from tokentrace.collector.writer import WriteBatch, Writer
 
 logger = logging.getLogger("tokentrace.collector")
@@ -77,7 +83,14 @@ class Pipeline:
         tick_s: float = DEFAULT_DECISION_TICK_S,
         clock: Callable[[], int] = time.monotonic_ns,
         metrics: CollectorMetrics | None = None,
+        wal: WriteAheadLog | None = None,
     ) -> None:
+        #: the write-ahead log exports are appended to before they are acknowledged
+        self.wal = wal
+        #: the smallest log seq among the late spans not yet handed to the writer
+        self._late_seq: int | None = None
+        #: the last `wal_from` handed to the writer (a round that moves nothing writes none)
+        self._wal_from_sent: int | None = None
         self._buffer = TraceBuffer(max_buffered_spans, max_buffered_bytes)
         self._writer = writer
         self._sampler = sampler
@@ -143,8 +156,45 @@ class Pipeline:
         self.refusals.note(why)
         return why
 
+    def offer_logged(
+        self, spans: Sequence[Span] | Sequence[PackedTrace], kind: int, payload: bytes
+    ) -> tuple[str | None, Durable | None]:
+        """`offer`, and the export's record (`kind`, `payload`: its body) appended to the
+        write-ahead log with what it takes: gives why not, or the group commit that the
+        receiver waits for before it acknowledges the export.  Without a log, `offer`."""
+        if self.wal is None:
+            return self.offer(spans), None
+        if spans and isinstance(spans[0], PackedTrace):
+            why, durable = self._receive_logged(
+                cast("Sequence[PackedTrace]", spans), PACKED_TRACES, kind, payload
+            )
+        else:
+            plain = cast("Sequence[Span]", spans)
+            dropped, service = limit_export_steps(plain)
+            if dropped:
+                note_dropped_steps(dropped, service)
+            why, durable = self._receive_logged(plain, PLAIN_SPANS, kind, payload)
+        self.refusals.note(why)
+        return why, durable
+
+    def replay(self, spans: Sequence[Span], seq: int) -> str | None:
+        """Takes the spans of a write-ahead-log record replayed at start, as record `seq`,
+        their traces marked for a recheck (the store may hold them); gives why not."""
+        limit_export_steps(spans)
+        return self._receive(spans, PLAIN_SPANS, seq, replayed=True)
+
+    def _receive_logged(
+        self, items: Sequence[Item], arrivals: Arrivals[Item], kind: int, payload: bytes
+    ) -> tuple[str | None, Durable | None]:
+        record: list[Durable] = []
+        why = self._receive(items, arrivals, record=(kind, payload, record))
+        return why, (record[0] if record else None)
+
     def readiness(self) -> str | None:
         """Why receivers would refuse an export now (`/readyz`), None when ready."""
+        wal = self.wal
+        if wal is not None and wal.error is not None:
+            return wal.error
         gate = self.lake_gate
         if gate is not None and gate.behind():
             return lake_unready(gate)
@@ -179,8 +229,17 @@ class Pipeline:
             return REFUSED_LAKE_BEHIND
         return None
 
-    def _receive(self, items: Sequence[Item], arrivals: Arrivals[Item]) -> str | None:
-        """Takes a batch of spans or packed traces whole, or gives why not."""
+    def _receive(
+        self,
+        items: Sequence[Item],
+        arrivals: Arrivals[Item],
+        seq: int = 0,
+        replayed: bool = False,
+        record: tuple[int, bytes, list[Durable]] | None = None,
+    ) -> str | None:
+        """Takes a batch of spans or packed traces whole, or gives why not.  `seq`: the
+        write-ahead-log record they came in (a replay's); `record`: (kind, payload, out)
+        to append them to the log as they are taken (the group commit put in `out`)."""
         now = self._clock()
         sizes = arrivals.weights(items)  # outside the lock
         with self._lock:
@@ -192,6 +251,11 @@ class Pipeline:
             why = self._refusal(received, fresh, sum(sizes))
             if why is not None:
                 return why
+            if record is not None and self.wal is not None:
+                # in the lock: the log's seqs follow the buffer's order
+                kind, payload, out = record
+                seq, durable = self.wal.append(kind, payload)
+                out.append(durable)
             buffer = self._buffer
             pending = buffer.pending
             roots = self._waits.roots
@@ -206,10 +270,12 @@ class Pipeline:
                     if decision is not None:  # a late span: it follows the decision
                         if decision:
                             cache.keep_late(trace_id, arrivals.spans(item))
+                            if seq and self._late_seq is None:
+                                self._late_seq = seq
                         else:
                             cache.drop_late(arrivals.count(item))
                         continue
-                    p = pending[trace_id] = PendingTrace([], now)
+                    p = pending[trace_id] = PendingTrace([], now, wal_seq=seq, replayed=replayed)
                 p.nbytes += nbytes
                 added += nbytes
                 for parent in join(p, item, new):
@@ -225,6 +291,34 @@ class Pipeline:
         taken = self._writer.store_error is None and self._writer.submit(batch)
         self.refusals.note(None if taken else REFUSED_WRITER_BEHIND)
         return taken
+
+    def add_engine_data_logged(
+        self, batch: WriteBatch, kind: int, payload: bytes
+    ) -> tuple[bool, Durable | None]:
+        """`add_engine_data`, and the export appended to the write-ahead log when taken:
+        gives whether it was, and the group commit to wait for (None: no log)."""
+        if self.wal is None:
+            return self.add_engine_data(batch), None
+        with self._lock:  # a round's `wal_from` then counts it queued before its batch
+            taken = self._writer.store_error is None and self._writer.submit(batch)
+            durable = self.wal.append(kind, payload)[1] if taken else None
+        self.refusals.note(None if taken else REFUSED_WRITER_BEHIND)
+        return taken, durable
+
+    def _wal_from(self) -> int | None:
+        """Gives the first log record still needed once what was handed to the writer so
+        far is committed: the oldest pending trace's, the oldest late span's, else the
+        next record's (the pipeline's lock held); None without a log."""
+        wal = self.wal
+        if wal is None:
+            return None
+        first = wal.next_seq
+        oldest = self._buffer.oldest_wal_seq()
+        if oldest is not None:
+            first = min(first, oldest)
+        if self._late_seq is not None:
+            first = min(first, self._late_seq)
+        return first
 
     # ---- decision side --------------------------------------------------------
     def decide_ready(self, force: bool = False) -> int:
@@ -242,11 +336,15 @@ class Pipeline:
                 ready, evicted = self._waits.take_ready(now, self._buffer)
                 self.stats.traces_evicted_early += evicted
             late = cache.take_late()
+            self._late_seq = None
+            wal_from = self._wal_from()
         batch = WriteBatch(late_spans=late)
         if late:
             batch.recheck.update(cache.rechecked_among(late))
         if not ready:
-            if late:
+            if wal_from != self._wal_from_sent:  # rounds that decide nothing move it too
+                batch.wal_from = self._wal_from_sent = wal_from
+            if batch:
                 self._handover.submit(batch)
             return 0
         horizon = cache.recheck_horizon(self._writer.stored_until_ns)
@@ -256,14 +354,17 @@ class Pipeline:
             latency.observe((now - p.first_seen_ns) / 1e9)
             if trace_id in cache.decided:  # (only this thread changes it)
                 # came back while its round was deciding it: late spans
-                self._late_after_decision(trace_id, p.all_spans())
+                self._late_after_decision(trace_id, p.all_spans(), p.wal_seq)
                 continue
-            round_batch.add(trace_id, decide_trace(trace_id, p, self._sampler))
+            round_batch.add(trace_id, decide_trace(trace_id, p, self._sampler), p.replayed)
         with self._lock:
             cache.record(
                 round_batch.decisions, round_batch.kept_ids, round_batch.round_start, batch.recheck
             )
             round_batch.count()
+            # after the round's traces left the buffer (and any that came back while it
+            # decided them went to the late spans): this batch holds what lies below it
+            batch.wal_from = self._wal_from_sent = self._wal_from()
         if batch.requests:
             self.metrics.observe_requests(batch.requests)
         # Decisions must not be lost: wait for room in the writer queue (the
@@ -271,13 +372,15 @@ class Pipeline:
         self._handover.submit(batch, len(ready))
         return len(ready)
 
-    def _late_after_decision(self, trace_id: str, spans: Sequence[Span]) -> None:
+    def _late_after_decision(self, trace_id: str, spans: Sequence[Span], seq: int = 0) -> None:
         """Sends the spans of a trace that came back to the buffer while an earlier round
         decided it (between that round's taking it and caching its decision) to that
         decision, as late spans: summarized again, it would be two requests."""
         with self._lock:
             if self._cache.get(trace_id):
                 self._cache.keep_late(trace_id, spans)
+                if seq and (self._late_seq is None or seq < self._late_seq):
+                    self._late_seq = seq
             else:
                 self._cache.drop_late(len(spans))
 
@@ -290,6 +393,8 @@ class Pipeline:
         while not self._stop.wait(self._tick_s):
             try:
                 self.decide_ready()
+                if self.wal is not None:  # the segments the store no longer needs
+                    self.wal.release(self._writer.wal_from)
             except Exception:
                 logger.exception("tokentrace: decision round failed")
 

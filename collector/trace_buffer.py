@@ -46,6 +46,11 @@ class PendingTrace:
     packed: PackedTrace | None = None
     #: what the trace is reckoned to weigh in memory (`spans_bytes`, `packed_bytes`)
     nbytes: int = 0
+    #: the write-ahead-log record that opened the trace (0: no log); the buffer holds its
+    #: traces in the order of these seqs, so its oldest trace holds the smallest one
+    wal_seq: int = 0
+    #: replayed from the write-ahead log at start: the store may hold it already
+    replayed: bool = False
 
     def size(self) -> int:
         return len(self.spans) + (self.packed.count if self.packed is not None else 0)
@@ -103,6 +108,12 @@ class TraceBuffer:
             self.full_of_bytes = over_bytes
             return False
         return True
+
+    def oldest_wal_seq(self) -> int | None:
+        """Gives the write-ahead-log seq of the oldest pending trace (None: none pending)."""
+        for p in self.pending.values():
+            return p.wal_seq
+        return None
 
     def take(self, trace_id: str) -> PendingTrace:
         """Gives the pending trace, no longer buffered."""
