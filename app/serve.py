@@ -210,7 +210,14 @@ class CollectorServer:
         self._restore_gc = tune_for_ingest()
         if self._web_started:  # `report --db` on the held file then names this URL
             killed = unclean_stop(s.db)  # its note outlived it: it never flushed
-            if killed is not None:
+            if killed is not None and c.wal is not None:
+                logger.warning(
+                    "tokentrace serve: the previous serve of %s (pid %d) did not stop cleanly "
+                    "(killed or crashed): what it had acknowledged and not yet written was "
+                    "replayed from its write-ahead log",
+                    s.db, killed,
+                )  # fmt: skip
+            elif killed is not None:
                 logger.warning(
                     "tokentrace serve: the previous serve of %s (pid %d) did not stop cleanly "
                     "(killed or crashed): what it had acknowledged but not yet decided and "

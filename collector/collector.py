@@ -16,9 +16,12 @@ from tokentrace.collector.retention import Retention
 from tokentrace.collector.sampling import P99Tracker, Sampler, SloLimits, parse_rules
 from tokentrace.collector.self_metrics import CollectorMetrics
 from tokentrace.collector.settings import CollectorSettings
+from tokentrace.collector.wal import WriteAheadLog, wal_dir
+from tokentrace.collector.wal_metrics import WalMetrics
 from tokentrace.collector.writer import Writer
 from tokentrace.store.connection import open_db
 from tokentrace.store.errors import StoreError
+from tokentrace.store.location import resolve_db_path
 
 if TYPE_CHECKING:
     from tokentrace.collector.lake_mover import LakeMover
@@ -44,6 +47,8 @@ class Collector:
             # locked, and DuckDB's binding reports leaked objects at exit
             if hasattr(self, "writer"):
                 self.writer.close()
+            if getattr(self, "wal", None) is not None:
+                self.wal.close()
             self.conn.close()
             raise
         self._closed = False
@@ -60,6 +65,16 @@ class Collector:
             rules=parse_rules(settings.keep_rules),
             p99=P99Tracker(min_samples=settings.p99_min_samples, warmup=settings.p99_warmup),
         )
+        #: the OTLP write-ahead log (`collector/wal.py`): serve with --wal on (auto: --lake)
+        self.wal: WriteAheadLog | None = None
+        self.wal_metrics: WalMetrics | None = None
+        if settings.wal_on and settings.receivers:
+            self.wal_metrics = WalMetrics(self.metrics.registry)
+            self.wal = WriteAheadLog(
+                wal_dir(resolve_db_path(settings.db)),
+                checkpoint=self.writer.wal_from,
+                on_sync=self.wal_metrics.on_sync,
+            )
         self.pipeline = Pipeline(
             self.writer,
             self.sampler,
@@ -70,6 +85,7 @@ class Collector:
             client_wait_s=settings.client_wait_s,
             decision_wait_s=settings.decision_wait_s,
             metrics=self.metrics,
+            wal=self.wal,
         )
         self.metrics.on_scrape(self._refresh_gauges)
         # --retention: deletes old rows on its own cursor (collector/retention.py says why that is safe)
@@ -130,8 +146,17 @@ class Collector:
         m.engine_steps_dropped.set(steps_dropped_total())
         if self.sampler.p99 is not None:
             m.p99_shared_requests.set(self.sampler.p99.shared_requests)
+        if self.wal is not None and self.wal_metrics is not None:
+            self.wal_metrics.segments.set(self.wal.segments)
+            self.wal_metrics.writable.set(0 if self.wal.error else 1)
 
     def start(self) -> None:
+        if self.wal is not None:  # before the receivers open: what was acknowledged first
+            from tokentrace.collector.wal_replay import replay
+
+            replayed = replay(self.wal, self.pipeline, self.writer.wal_from)
+            if self.wal_metrics is not None:
+                self.wal_metrics.replayed_records.inc(replayed.records)
         self.pipeline.start()
         if self.lake_mover is not None:
             self.lake_mover.start()
@@ -149,6 +174,9 @@ class Collector:
             self.lake_mover.stop()
         self.pipeline.close()
         self.writer.close()
+        if self.wal is not None:  # everything decided is committed: its segments can go
+            self.wal.release(self.writer.wal_from)
+            self.wal.close()
         if self.lake_mover is not None:
             self.lake_mover.close()  # a last move, bounded: a restart moves the rest
         self.conn.close()
