@@ -124,7 +124,7 @@ class LakeMover:
             return None
         return (
             f"lake unreachable for {time.monotonic() - self._failing_since:.0f} s ({self.error}); "
-            f"{self.unmoved_rows} rows unmoved (lake_max_unmoved_rows {self.max_unmoved_rows})"
+            f"{self.unmoved_rows} rows unmoved of lake_max_unmoved_rows {self.max_unmoved_rows}"
         )
 
     def _rows_written(self) -> int:

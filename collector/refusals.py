@@ -81,10 +81,10 @@ def unready_reason(writer: Writer, buffer: TraceBuffer) -> str | None:
 
 def lake_unready(lake: LakeGate) -> str:
     """Gives why a shard beyond its unmoved-rows bound refuses exports (/readyz, the log)."""
-    why = lake.condition() or "the lake takes rows slower than they come"
-    return (
-        f"{lake.unmoved_rows} rows wait for the lake, over lake_max_unmoved_rows "
-        f"{lake.max_unmoved_rows} ({why})"
+    return "too many rows wait for the lake: " + (
+        lake.condition()
+        or f"{lake.unmoved_rows} rows unmoved of lake_max_unmoved_rows {lake.max_unmoved_rows}"
+        " (the lake takes rows slower than they come)"
     )
 
 

@@ -50,6 +50,11 @@ class PostgresServer:
         if self._as_root:
             shutil.chown(root, "postgres", "postgres")
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", self.user, "--no-sync", "-E", "UTF8")
+        self.start()
+
+    def start(self) -> None:
+        """Starts the cluster (again, after `pause`) on its port."""
+        root = self.root
         self._run(
             "pg_ctl", "-D", str(self.data), "-w", "-t", "60", "-l", str(root / "server.log"),
             "-o", f"-p {self.port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
@@ -88,6 +93,10 @@ class PostgresServer:
         self.sql(f"CREATE DATABASE {name}")
         data.mkdir(parents=True, exist_ok=True)
         return f"ducklake:postgres:{self.dsn(name)}", str(data) + os.sep
+
+    def pause(self) -> None:
+        """Stops the server, keeping its data: clients are refused until `start()`."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
 
     def stop(self) -> None:
         try:
