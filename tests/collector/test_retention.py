@@ -194,6 +194,10 @@ def test_a_pass_deletes_old_rows_of_every_table_and_keeps_new_ones(
         unmatched=[UnmatchedTrace(new_id(16), t, "app", "llm.request", 3) for t in (OLD, now)],
     ))  # fmt: skip
     live.settle()
+    # a writer transaction of 8 days ago (the log's newest row, which always stays, is new)
+    cursor = live.collector.conn.cursor()
+    cursor.execute("INSERT INTO commit_log VALUES (0, ?, NULL)", [OLD])
+    cursor.close()
 
     cutoff = now - 7 * DAY_NS
     before = _counts(live, cutoff)
@@ -207,7 +211,8 @@ def test_a_pass_deletes_old_rows_of_every_table_and_keeps_new_ones(
 
     after = _counts(live, cutoff)
     assert after["spans"] == (1, before["spans"][1])  # only the straddling trace's old span stays
-    for table in ("requests", "itl_hist", "engine_steps", "gpu_samples", "engine_starts", "unmatched_traces"):
+    for table in ("requests", "itl_hist", "engine_steps", "gpu_samples", "engine_starts", "unmatched_traces",
+                  "commit_log"):
         assert after[table] == (0, before[table][1]), (table, before, after)  # old gone, new all here
     # kept_traces go by their trace (old traces are decided now): by trace id below
     assert deleted["requests"] == 3 and deleted["itl_hist"] == 3
@@ -223,7 +228,7 @@ def test_a_pass_deletes_old_rows_of_every_table_and_keeps_new_ones(
     }
     assert spans_before[straddling] == 7
     assert any(
-        "retention: deleted 34 rows" in r.getMessage() and "requests 3" in r.getMessage() for r in caplog.records
+        "retention: deleted 35 rows" in r.getMessage() and "requests 3" in r.getMessage() for r in caplog.records
     ), [r.getMessage() for r in caplog.records]
     assert retention.run_pass() == {t.table: 0 for t in TABLES}  # idempotent
 
