@@ -1,12 +1,16 @@
 """Collector throughput: end-to-end persisted spans/s with tail sampling on, peak RSS,
 and beside it the raw protobuf parse rate of the same payloads (the ceiling).
 
-    python benchmarks/bench_collector.py [--seconds 20] [--traces-per-export 200]
+    python benchmarks/bench_collector.py [--seconds 20] [--traces-per-export 200] [--wal-cost]
 
 It starts a real `tokentrace serve` (default sampling: 2 % baseline, p99 per
 service/model/route, errors), sends prebuilt OTLP/HTTP protobuf exports from two
 threads as fast as the collector accepts them (503s are retried), and counts a
 span as persisted once the summary row of its request is committed to DuckDB.
+
+`--wal-cost` then runs the same load again against a serve with the OTLP write-ahead log
+on (`--wal on`, every export synced before its 200) and one with it off, alternately, and
+prints spans/s with it on against off as a ratio (the cost of the log on ingest).
 """
 
 from __future__ import annotations
@@ -212,6 +216,8 @@ def main() -> None:
     ap.add_argument("--senders", type=int, default=2, help="sending threads (exports in flight)")
     ap.add_argument("--array-offsets", action="store_true",
                     help="token times as an OTLP int array (older SDKs), not a packed string")  # fmt: skip
+    ap.add_argument("--wal-cost", action="store_true",
+                    help="then compare spans/s with the write-ahead log on and off (same load)")  # fmt: skip
     ap.add_argument("serve_args", nargs="*", help="extra `tokentrace serve` flags (after --)")
     args = ap.parse_args()
     r = run(args.seconds, args.traces_per_export, args.grace_s, args.serve_args, args.senders,
@@ -238,6 +244,26 @@ def main() -> None:
           f"({r['sender_cpu_s'] / r['send_s']:.0%} of a core)")  # fmt: skip
     growth = ", ".join(f"{t:.0f} s: {mb:.0f}" for t, mb in r["rss_over_time"])
     print(f"peak RSS so far (collector + workers), MiB, by time into the run (flat = bounded): {growth}")
+    if args.wal_cost:
+        wal_cost(args)
+
+
+def wal_cost(args: argparse.Namespace, rounds: int = 2) -> None:
+    """Prints persisted spans/s with the write-ahead log on against off: runs alternate
+    (off, on, off, on) so that a noisy machine weighs on both sides alike."""
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(rounds):
+        for wal in ("off", "on"):
+            flags = [*args.serve_args, "--wal", wal]
+            r = run(args.seconds, args.traces_per_export, args.grace_s, flags, args.senders,
+                    packed=not args.array_offsets)  # fmt: skip
+            rates[wal].append(r["persisted_spans_per_s"])
+    on, off = max(rates["on"]), max(rates["off"])
+    print(f"write-ahead log: on {on:,.0f} spans/s, off {off:,.0f} spans/s (best of {rounds} "
+          f"alternating runs each): on/off = {on / off:.3f}")  # fmt: skip
+    runs = ", ".join(f"{w} {r:,.0f}" for pair in zip(rates["off"], rates["on"], strict=True)
+                     for w, r in zip(("off", "on"), pair, strict=True))  # fmt: skip
+    print(f"  every run, in order: {runs}")
 
 
 if __name__ == "__main__":

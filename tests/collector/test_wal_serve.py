@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 from otlp_traces import new_id, request_trace, to_json, to_protobuf
-from tt_testkit import ServeProcess, start_serve, wait_started
+from tt_testkit import ServeProcess, start_serve, unwritable, wait_started
 
 from tokentrace.collector.wal import wal_dir
 from tokentrace.collector.wal_format import segment_paths
@@ -128,3 +128,29 @@ def test_with_wal_off_a_killed_serve_loses_its_tail_buffer_as_before(tmp_path: P
     out = again.stop()
     assert "tail buffer" in out and "was lost" in out, out
     assert _stored(again) == {}
+
+
+@pytest.mark.slow
+def test_an_export_the_log_cannot_write_is_answered_503_with_the_reason(tmp_path: Path) -> None:
+    serve = start_serve(tmp_path, "--wal", "on", *FAST)
+    log = wal_dir(serve.db)
+    spans = request_trace(attributes={sc.REQUEST_ID: "not-logged"})
+    with httpx.Client(timeout=30) as client:
+        _post(client, serve, ["before"])
+        [segment] = segment_paths(log)
+        with unwritable(segment), unwritable(log):  # (as a full disk refuses the write)
+            reply = client.post(f"{serve.otlp_http}/v1/traces", json=to_json(spans))
+            ready = client.get(f"{serve.otlp_http}/readyz")
+        assert reply.status_code == 503, reply.text
+        assert "write-ahead log" in reply.json()["message"]
+        assert reply.headers["Retry-After"] == "1"
+        assert ready.status_code == 503
+        assert "write-ahead log" in ready.json()["reason"]
+        _post(client, serve, ["after"])  # it writes again
+        assert client.get(f"{serve.otlp_http}/readyz").status_code == 200
+        assert _metric(serve, "tokentrace_wal_writable") == 1
+    out = serve.stop()
+    assert "cannot be written" in out and "written again" in out, out
+    stored = _stored(serve)
+    assert stored["before"] == stored["after"] == 1
+    assert stored["not-logged"] <= 1  # taken into the buffer: stored once, or not at all
