@@ -47,8 +47,9 @@ class Collector:
             # locked, and DuckDB's binding reports leaked objects at exit
             if hasattr(self, "writer"):
                 self.writer.close()
-            if getattr(self, "wal", None) is not None:
-                self.wal.close()
+            wal = getattr(self, "wal", None)
+            if wal is not None:
+                wal.close()
             self.conn.close()
             raise
         self._closed = False
