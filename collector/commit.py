@@ -74,9 +74,11 @@ class RoundBatch:
             self._unsummarized(trace_id, outcome.failure)
         if result.engine_steps:
             batch.engine_steps.extend(result.engine_steps)
+            # steps of a replayed trace may be stored already: the writer looks
+            batch.replayed = batch.replayed or replayed
             if len(batch.engine_steps) >= MAX_BATCH_ENGINE_STEPS:
                 # many step batches decided at once: written in parts, not as one batch
-                self._submit(WriteBatch(engine_steps=batch.engine_steps))
+                self._submit(WriteBatch(engine_steps=batch.engine_steps, replayed=batch.replayed))
                 batch.engine_steps = []
         decision = outcome.decision
         if decision is None:  # an engine-step carrier: nothing more to write

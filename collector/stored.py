@@ -160,7 +160,10 @@ class StoredRows:
         aligned = len(batch.itl_counts) == len(batch.requests)
         requests, counts = [], []
         for i, r in enumerate(batch.requests):
-            if r.trace_id in recheck and _request_key(r.trace_id, r.request_id, r.start_ns) in self.request_keys:
+            if (
+                r.trace_id in recheck
+                and _request_key(r.trace_id, r.request_id, r.start_ns) in self.request_keys
+            ):
                 continue
             requests.append(r)
             if aligned:
@@ -181,3 +184,64 @@ class StoredRows:
                 self.kept.add(k.trace_id)
                 self.span_ids.setdefault(k.trace_id, set()).update(s.span_id for s in k.spans)
         return replace(batch, requests=requests, itl_counts=counts, kept=kept, late_spans=late)
+
+
+#: What tells a stored engine step or GPU sample from another (they have no trace id).
+_STEP_KEY = ("service", "instance", "start_ns", "duration_us")
+_SAMPLE_KEY = ("service", "instance", "gpu_index", "ts_ns")
+
+
+def leave_out_engine_data(
+    conn: duckdb.DuckDBPyConnection, items: list[WriteBatch]
+) -> list[WriteBatch]:
+    """Gives the batches without the engine steps and GPU samples of replayed batches
+    (`WriteBatch.replayed`) that the store holds: a write-ahead-log record replayed at start
+    may hold rows committed before the stop, and these tables have no trace to recheck.
+    Read in the caller's write transaction; only a replay pays."""
+    steps = [st for b in items if b.replayed for st in b.engine_steps]
+    samples = [g for b in items if b.replayed for g in b.gpu_samples]
+    stored_steps = _stored_keys(
+        conn, "engine_steps", _STEP_KEY, [tuple(getattr(st, k) for k in _STEP_KEY) for st in steps]
+    )
+    stored_samples = _stored_keys(
+        conn, "gpu_samples", _SAMPLE_KEY, [tuple(g.get(k) for k in _SAMPLE_KEY) for g in samples]
+    )
+    if not stored_steps and not stored_samples:
+        return items
+    return [
+        replace(
+            b,
+            engine_steps=[
+                st
+                for st in b.engine_steps
+                if tuple(getattr(st, k) for k in _STEP_KEY) not in stored_steps
+            ],
+            gpu_samples=[
+                g
+                for g in b.gpu_samples
+                if tuple(g.get(k) for k in _SAMPLE_KEY) not in stored_samples
+            ],
+        )
+        if b.replayed
+        else b
+        for b in items
+    ]
+
+
+def _stored_keys(
+    conn: duckdb.DuckDBPyConnection, table: str, key: tuple[str, ...], wanted: list[tuple[Any, ...]]
+) -> set[tuple[Any, ...]]:
+    """Gives those of the `wanted` keys (values of the `key` columns) that `table` holds."""
+    if not wanted:
+        return set()
+    conn.register(
+        "_replayed_keys", pa.table({k: [w[i] for w in wanted] for i, k in enumerate(key)})
+    )
+    try:
+        names = ", ".join(key)
+        rows = conn.execute(
+            f"SELECT DISTINCT {names} FROM {table} SEMI JOIN _replayed_keys USING ({names})"  # noqa: S608 - fixed names
+        ).fetchall()
+    finally:
+        conn.unregister("_replayed_keys")
+    return {tuple(r) for r in rows}

@@ -73,7 +73,7 @@ def _replay_one(record: WalRecord, pipeline: Pipeline, done: Replayed) -> None:
         proto = kind == KIND_METRICS_PROTOBUF
         rows = (decode_metrics_protobuf if proto else decode_metrics_json_body)(payload).rows
         if rows:
-            while not pipeline.add_engine_data(WriteBatch(gpu_samples=rows)):
+            while not pipeline.add_engine_data(WriteBatch(gpu_samples=rows, replayed=True)):
                 time.sleep(_ROOM_WAIT_S)  # the writer catches up
         done.gpu_samples += len(rows)
         return

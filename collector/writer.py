@@ -24,7 +24,7 @@ from tokentrace.analyzer.engine_steps import EngineStep
 from tokentrace.analyzer.spans import Span
 from tokentrace.analyzer.summary import COLUMNS, RequestSummary
 from tokentrace.collector import itl_hist
-from tokentrace.collector.stored import StoredRows, stored_until_ns
+from tokentrace.collector.stored import StoredRows, leave_out_engine_data, stored_until_ns
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 
 
@@ -127,6 +127,10 @@ class WriteBatch:
     #: the first OTLP write-ahead-log record a restart must replay once this batch, and every
     #: batch before it, is committed (`tokentrace.collector.wal`); None: no WAL, or no change
     wal_from: int | None = None
+    #: the engine steps / GPU samples came from the write-ahead log's replay at start: a
+    #: record past the checkpoint may hold rows committed before the stop; the writer leaves
+    #: out those the store holds (`stored.leave_out_engine_data`)
+    replayed: bool = False
 
     def __bool__(self) -> bool:
         return bool(
@@ -699,6 +703,8 @@ class Writer:
         if recheck:  # in the transaction: the single writer's view of the store is final
             stored = StoredRows.read(conn, recheck, [r for b in items for r in b.requests])
             items = [stored.leave_out(b) for b in items]
+        if any(b.replayed for b in items):
+            items = leave_out_engine_data(conn, items)
         requests = [r for b in items for r in b.requests]
         spans = [s for b in items for k in b.kept for s in k.spans] + [
             s for b in items for s in b.late_spans
