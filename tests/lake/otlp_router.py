@@ -100,23 +100,28 @@ class OtlpRouter:
     def route(self, path: str, body: bytes) -> int:
         """Splits one export and posts each part to its backend (retried while it answers
         503/429); gives 200 when every part was taken, else the first other status."""
+        parts: dict[int, tuple[bytes, int]]  # backend -> (its part, spans in it)
         if path == "/v1/traces":
-            parts: dict[int, ExportTraceServiceRequest] | dict[int, ExportMetricsServiceRequest]
-            parts = self.split_traces(body)
+            parts = {
+                b: (
+                    part.SerializeToString(),
+                    sum(len(ss.spans) for rs in part.resource_spans for ss in rs.scope_spans),
+                )
+                for b, part in self.split_traces(body).items()
+            }
         elif path == "/v1/metrics":
-            parts = self.split_metrics(body)
+            parts = {
+                b: (part.SerializeToString(), 0) for b, part in self.split_metrics(body).items()
+            }
         else:
             return 404
         worst = 200
-        for b, part in sorted(parts.items()):
-            status = self._post(b, path, part.SerializeToString())
+        for b, (part_body, spans) in sorted(parts.items()):
+            status = self._post(b, path, part_body)
             if status == 200:
                 with self._lock:
                     self.posts[b] += 1
-                    if isinstance(part, ExportTraceServiceRequest):
-                        self.spans_sent[b] += sum(
-                            len(ss.spans) for rs in part.resource_spans for ss in rs.scope_spans
-                        )
+                    self.spans_sent[b] += spans
             elif worst == 200:
                 worst = status
         return worst
