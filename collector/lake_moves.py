@@ -38,9 +38,18 @@ class Moved:
     left: int
 
 
+#: This local file's name in the ledger (schema 5's `store_identity`).
+_STORE_ID = "(SELECT store_id FROM main.store_identity)"
+
+
 def moved_through(cur: duckdb.DuckDBPyConnection, shard: str) -> int:
-    """Gives the newest local commit the lake holds of `shard` (-1: none yet)."""
-    sql = f"SELECT coalesce(max(last_seq), -1) FROM {ALIAS}.lake_moves WHERE shard = ?"  # noqa: S608 - fixed alias
+    """Gives the newest local commit the lake holds of `shard`'s local file (-1: none yet).
+    Per file, not per name: a shard whose disk was replaced (its seqs start again at 1), or a
+    name given to two processes by mistake, never skips commits another file's seqs passed."""
+    sql = (
+        f"SELECT coalesce(max(last_seq), -1) FROM {ALIAS}.lake_moves"  # noqa: S608 - fixed alias
+        f" WHERE shard = ? AND store_id = {_STORE_ID}"
+    )
     [(seq,)] = cur.execute(sql, [shard]).fetchall()
     return int(seq)
 
@@ -109,7 +118,7 @@ def move_once(
         for table in DATA_TABLES:
             cur.execute(_insert_sql(table, after), params)
         cur.execute(
-            f"INSERT INTO {ALIAS}.lake_moves VALUES (?, ?, ?, ?, ?)",  # noqa: S608 - fixed alias
+            f"INSERT INTO {ALIAS}.lake_moves VALUES (?, ?, ?, ?, ?, {_STORE_ID})",  # noqa: S608 - fixed alias
             [shard, after + 1, upto, rows, clock()],
         )
         if before_commit is not None:

@@ -34,6 +34,8 @@ engine_starts
 unmatched_traces
     One row per trace that matched no span convention (no request, no start-up,
     no engine step): its root span's name and span count, for the report's coverage.
+store_identity
+    One row: this file's random `store_id`, its name in a lake's ledger.
 commit_log
     One row per writer transaction (`seq`, `committed_ns`, `wal_from`).  Every data
     row carries the `commit_seq` of the transaction that wrote it (NULL: written
@@ -240,6 +242,13 @@ _MIGRATIONS: dict[int, list[str]] = {
             wal_from BIGINT
         )
         """,
+        # This file's own name in a lake's ledger: a shard's position there is kept per
+        # (shard name, store), so a shard whose disk was replaced, or two processes given one
+        # --shard by mistake, move their rows from their own first commit, never skipping
+        # commits another file's seqs already passed.
+        "CREATE TABLE IF NOT EXISTS store_identity (store_id VARCHAR NOT NULL)",
+        "INSERT INTO store_identity SELECT uuid()::VARCHAR"
+        " WHERE NOT EXISTS (SELECT 1 FROM store_identity)",
     ],
 }
 

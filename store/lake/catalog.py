@@ -33,11 +33,13 @@ ALIAS = "lake"
 #: opening them (random ids defeat Parquet's min/max statistics).  See docs/scale-out.md.
 TRACE_BUCKETS = 16
 
-#: The movers' ledger: `shard` moved its commits `first_seq`..`last_seq` (its `commit_seq`
-#: values) in one lake transaction with their `rows`.
+#: The movers' ledger: `shard` moved the commits `first_seq`..`last_seq` (their `commit_seq`
+#: values) of its local file `store_id` (`store_identity`) in one lake transaction with their
+#: `rows`.  A position is per (shard, store_id): a shard's new disk starts its own.
 MOVES_DDL = (
     "CREATE TABLE IF NOT EXISTS {alias}.lake_moves (shard VARCHAR NOT NULL, first_seq BIGINT"
-    " NOT NULL, last_seq BIGINT NOT NULL, rows BIGINT NOT NULL, moved_ns BIGINT NOT NULL)"
+    " NOT NULL, last_seq BIGINT NOT NULL, rows BIGINT NOT NULL, moved_ns BIGINT NOT NULL,"
+    " store_id VARCHAR NOT NULL)"
 )
 
 _T = TypeVar("_T")
@@ -47,10 +49,20 @@ RETRIES = 8
 RETRY_FIRST_S = 0.05
 
 
+#: What PostgreSQL says when two processes make one new catalog's tables at once (DuckLake's
+#: first ATTACH creates them): the loser retries and finds them made.
+_CREATE_RACE = ("duplicate key value violates unique constraint", "already exists")
+
+
 def is_conflict(exc: BaseException) -> bool:
-    """Whether `exc` is a DuckLake commit that lost a race with another writer (retry it)."""
+    """Whether `exc` is a DuckLake commit that lost a race with another writer, or a new
+    catalog's creation that lost one (retry it)."""
     text = str(exc).lower()
-    return isinstance(exc, duckdb.TransactionException) or "conflict" in text
+    return (
+        isinstance(exc, duckdb.TransactionException)
+        or "conflict" in text
+        or any(words in text for words in _CREATE_RACE)
+    )
 
 
 def retrying(action: Callable[[], _T], attempts: int = RETRIES) -> _T:
@@ -87,8 +99,15 @@ def attach(
         options.append("READ_ONLY")
     clause = f" ({', '.join(options)})" if options else ""
     target = uri if uri.startswith("ducklake:") else f"ducklake:{uri}"
+    def attach_once() -> None:
+        try:
+            conn.execute(f"ATTACH '{_quoted(target)}' AS {ALIAS}{clause}")
+        except duckdb.Error:
+            conn.execute(f"DETACH DATABASE IF EXISTS {ALIAS}")  # a half-made attachment
+            raise
+
     try:
-        conn.execute(f"ATTACH '{_quoted(target)}' AS {ALIAS}{clause}")
+        retrying(attach_once)
     except duckdb.Error as exc:
         raise StoreError(f"cannot attach the lake {describe(uri)}: {_first_line(exc)}") from exc
     if not read_only:

@@ -83,7 +83,7 @@ def test_every_data_table_of_the_store_has_a_time_column(tmp_path: Path) -> None
     try:
         check_schema(conn)
         tables = {r[0] for r in conn.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
-        assert tables == {t.table for t in TABLES} | {"schema_version"}
+        assert tables == {t.table for t in TABLES} | {"schema_version", "store_identity"}
     finally:
         conn.close()
 

@@ -25,6 +25,11 @@ class Crash(Exception):
 @pytest.fixture
 def local_file(tmp_path: Path) -> Path:
     """A shard's local file with request rows in several writer commits (no lake)."""
+    return _written_file(tmp_path)
+
+
+def _written_file(tmp_path: Path) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     server = start_serve(tmp_path, "--grace-s", "0.1")
     try:
         for done in (5, 10, 15):  # three rounds: several commits
@@ -94,3 +99,26 @@ def test_a_capped_move_catches_up_in_several_moves(local_file: Path, lake: tuple
     assert [m.first_seq for m in moves[1:]] == [m.last_seq + 1 for m in moves[:-1]]
     assert moves[-1].left == 0 and sum(m.rows for m in moves) == mover.rows_moved_total
     _assert_lake_holds_the_file_once(lake, local_file)
+
+
+def test_a_new_file_under_an_old_shard_name_moves_from_its_own_first_commit(
+    local_file: Path, lake: tuple[str, str], tmp_path: Path
+) -> None:
+    """A shard whose disk was replaced (or a name given to two processes): its commits number
+    from 1 again, and a position kept per name would skip them as moved."""
+    replaced = _written_file(tmp_path / "new-disk")
+    for db in (local_file, replaced):
+        conn = open_db(db)
+        mover = _mover(conn, lake)
+        while mover.move_now() is not None:
+            pass
+        mover.close()
+        conn.close()
+    conn = lake_connection(*lake, local_file, replaced)
+    try:
+        diff = differences(conn, {"s1": 0, "s1 again": 1})
+        assert diff == dict.fromkeys(diff, (0, 0))
+        assert count(conn, "SELECT count(*) FROM lake.requests") == 30
+        assert count(conn, "SELECT count(DISTINCT store_id) FROM lake.lake_moves WHERE shard = 's1'") == 2
+    finally:
+        conn.close()
