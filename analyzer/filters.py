@@ -38,4 +38,4 @@ class Filters:
 
     def cte(self) -> tuple[str, list[Any]]:
         where, params = self.where()
-        return f"WITH req AS (SELECT * FROM requests {where})", params  # noqa: S608 - clause built from fixed column names
+        return f"WITH req AS NOT MATERIALIZED (SELECT * FROM requests {where})", params  # noqa: S608 - clause built from fixed column names

@@ -7,22 +7,21 @@ tenant_rows AS (
     SELECT *, list_contains(?, tenant) AS heavy
     FROM req WHERE tenant <> '' AND (? IS NULL OR traffic_class = ?)
 ),
+-- The light requests ride through the sweep whole (UNION ALL BY NAME pads the heavy events'
+-- other columns with NULL), not joined back to `tenant_rows` on their ids after it.
 heavy_events AS (
-    SELECT service, instance, start_ns AS moment, 1 AS d, NULL AS trace_id, NULL AS request_id
+    SELECT service, instance, start_ns AS moment, 1 AS d FROM tenant_rows WHERE heavy
+    UNION ALL BY NAME
+    SELECT service, instance, start_ns + CAST(e2e_ms * 1e6 AS BIGINT) AS moment, -1 AS d
     FROM tenant_rows WHERE heavy
-    UNION ALL
-    SELECT service, instance, start_ns + CAST(e2e_ms * 1e6 AS BIGINT), -1, NULL, NULL
-    FROM tenant_rows WHERE heavy
-    UNION ALL
-    SELECT service, instance, start_ns, 0, trace_id, request_id FROM tenant_rows WHERE NOT heavy
+    UNION ALL BY NAME
+    SELECT *, start_ns AS moment, 0 AS d FROM tenant_rows WHERE NOT heavy
 ),
 heavy_running AS (
-    SELECT trace_id, request_id, d,
+    SELECT *,
            sum(d) OVER (PARTITION BY service, instance ORDER BY moment, d DESC ROWS UNBOUNDED PRECEDING) AS in_flight
     FROM heavy_events
 ),
 light_beside AS (
-    SELECT t.*, r.in_flight
-    FROM tenant_rows t JOIN heavy_running r ON r.d = 0 AND r.trace_id = t.trace_id AND r.request_id = t.request_id
-    WHERE NOT t.heavy
+    SELECT * EXCLUDE (moment, d) FROM heavy_running WHERE d = 0
 )
