@@ -1,0 +1,139 @@
+"""Opening one trace over the lake reads one trace-id bucket's files, not all of them.
+
+Random trace ids defeat Parquet's min/max statistics, so the lake partitions every table the
+web looks a trace up in by `bucket(TRACE_BUCKETS, trace_id)`, and DuckLake skips the other
+buckets' files from its catalog, without opening them.  Every statement the trace views run
+(the page and its JSON, the OTLP and Chrome exports) is run here under EXPLAIN ANALYZE over a
+real lake (PostgreSQL catalog, Parquet files) written in several moves, and the files each
+look-up by trace id read are counted: one move's file of the trace's bucket per move.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import duckdb
+import pytest
+
+from tokentrace.store.lake.catalog import ALIAS, TRACE_BUCKETS, attach
+from tokentrace.store.reader import LakeAddress, StoreReader
+from tokentrace.web import _trace
+from tokentrace.web.app import _steps_of_trace
+
+pytestmark = pytest.mark.slow
+
+MOVES = 4
+TRACES_PER_MOVE = 200  # enough that every move writes a file in every bucket
+T0 = 1_767_225_600 * 10**9
+
+#: One move of a shard: its requests, their spans (request span, decode span), kept traces and
+#: the engine steps that served them.  Row i's trace id is md5(i): random, as real ids are.
+MOVE_SQL = (
+    """INSERT INTO lake.requests BY NAME SELECT md5(i::VARCHAR) AS trace_id, 'req-' || i AS request_id,
+       $t0 + i * 10000000 AS start_ns, 500.0 AS e2e_ms, 10.0 AS queue_ms, 90.0 AS prefill_ms,
+       400.0 AS decode_ms, 500.0 AS server_ms, 10.0 AS queue_wait_ms, 0.0 AS tokenize_ms,
+       0.0 AS other_ms, 'm' AS model, '' AS tenant, 'interactive' AS traffic_class, 'llm' AS service,
+       'pod-0' AS instance, '' AS environment, '' AS route, false AS cold_start, false AS error,
+       'tokentrace' AS source, []::VARCHAR[] AS flags, true AS kept, 'baseline' AS sample_reason,
+       1.0 AS sample_weight, $seq AS commit_seq FROM range($lo, $hi) t(i)""",
+    """INSERT INTO lake.spans BY NAME SELECT md5(i::VARCHAR) AS trace_id, s.span_id, s.parent_span_id,
+       s.name, s.kind, $t0 + i * 10000000 AS start_ns, $t0 + i * 10000000 + 500000000 AS end_ns,
+       0 AS status_code, '' AS status_message, 'llm' AS service_name, '' AS scope,
+       '{"tokentrace.request.id": "req-' || i || '"}' AS attributes, '[]' AS events, '[]' AS links,
+       '{}' AS resource, $seq AS commit_seq
+       FROM range($lo, $hi) t(i), (VALUES ('a1', '', 'tokentrace.request', 2),
+                                         ('a2', 'a1', 'tokentrace.decode', 1))
+                                  s(span_id, parent_span_id, name, kind)""",
+    """INSERT INTO lake.kept_traces BY NAME SELECT md5(i::VARCHAR) AS trace_id, 'baseline' AS reason,
+       1.0 AS weight, $t0 + i * 10000000 AS decided_ns, 2 AS span_count, $seq AS commit_seq
+       FROM range($lo, $hi) t(i)""",
+    """INSERT INTO lake.engine_steps BY NAME SELECT 'llm' AS service, 'pod-0' AS instance,
+       $t0 + i * 10000000 + 100000000 AS start_ns, 20000 AS duration_us, ['req-' || i] AS request_ids,
+       $seq AS commit_seq FROM range($lo, $hi) t(i)""",
+)
+
+
+class _Recorder:
+    """A cursor that records the statements run through it (the web's functions take cursors)."""
+
+    def __init__(self, cur: duckdb.DuckDBPyConnection) -> None:
+        self._cur = cur
+        self.statements: list[tuple[str, list[Any]]] = []
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        self.statements.append((sql, list(params or [])))
+        return self._cur.execute(sql, params or [])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cur, name)
+
+
+def _write_moves(uri: str, data: str) -> None:
+    conn = duckdb.connect()
+    try:
+        attach(conn, uri, data)
+        # no inlining: these small moves stand for big ones, which write files
+        conn.execute(f"CALL {ALIAS}.set_option('data_inlining_row_limit', 0)")
+        for seq in range(MOVES):
+            lo, hi = seq * TRACES_PER_MOVE, (seq + 1) * TRACES_PER_MOVE
+            conn.execute("BEGIN TRANSACTION")
+            for sql in MOVE_SQL:
+                for name, value in (("$t0", T0), ("$seq", seq + 1), ("$lo", lo), ("$hi", hi)):
+                    sql = sql.replace(name, str(value))
+                conn.execute(sql)
+            conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def _files_read(cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> dict[str, int]:
+    """Gives the files each lake table's scans in `sql` read, from EXPLAIN ANALYZE's JSON."""
+    [(_, plan)] = cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchall()
+    read: dict[str, int] = {}
+
+    def walk(node: dict[str, Any]) -> None:
+        info = node.get("extra_info") or {}
+        if isinstance(info, dict) and "Total Files Read" in info:
+            read[info["Table"]] = read.get(info["Table"], 0) + int(info["Total Files Read"])
+        for child in node.get("children", []):
+            walk(child)
+
+    walk(json.loads(plan))
+    return read
+
+
+def test_every_trace_look_up_of_the_web_reads_one_buckets_files(lake: tuple[str, str]) -> None:
+    uri, data = lake
+    _write_moves(uri, data)
+    trace_id = "c4ca4238a0b923820dcc509a6f75849b"  # md5('1'): the second request of the first move
+    views: dict[str, Callable[[Any], Any]] = {
+        "trace page": lambda cur: _trace.trace_data(cur, trace_id),
+        "otlp export": lambda cur: _trace.kept_spans(cur, trace_id),
+        "chrome export": lambda cur: _steps_of_trace(cur, trace_id),
+    }
+    reader = StoreReader(lake=LakeAddress(uri, data))
+    looked_up: set[str] = set()
+    try:
+        for view, run in views.items():
+            with reader.cursor() as cur:
+                recorder = _Recorder(cur)
+                assert run(recorder), view
+                for sql, params in recorder.statements:
+                    if trace_id not in params:
+                        continue  # the engine steps and GPU samples around it: by time
+                    read = _files_read(cur, sql, params)
+                    for table in ("requests", "spans", "kept_traces"):
+                        if table in read:
+                            looked_up.add(table)
+                            # one file of the trace's bucket from each move, of MOVES * buckets
+                            assert read[table] == MOVES, f"{view}: {table} read {read} files: {sql}"
+            with reader.cursor() as cur:
+                [(files,)] = cur.execute(
+                    "SELECT count(*) FROM ducklake_list_files(?, 'requests')", [ALIAS]
+                ).fetchall()
+                assert files == MOVES * TRACE_BUCKETS
+    finally:
+        reader.close()
+    assert looked_up == {"requests", "spans", "kept_traces"}
