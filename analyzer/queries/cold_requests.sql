@@ -5,17 +5,24 @@
 -- request in the window is just the window's edge, not a start).  The instance counts read
 -- `req` only, so filters (service, window) bound them too.  A query includes them as
 -- `{cold_requests}` in its WITH list; `cold_req` is each request with `cold`.
+-- The engine start-ups each request falls in are one join (engine_starts is small), not a
+-- subquery per request; the instance count is counted from `req`, so `firsts` is read once.
+after_starts AS (
+    SELECT DISTINCT r.service, r.instance, r.start_ns
+    FROM req r JOIN engine_starts e
+      ON e.service = r.service AND e.instance = r.instance
+     AND r.start_ns BETWEEN e.start_ns AND e.end_ns + ?
+),
 firsts AS (
-    SELECT *, instance <> '' AND row_number() OVER (PARTITION BY service, instance ORDER BY start_ns) = 1 AS first_seen,
-           EXISTS (
-               SELECT 1 FROM engine_starts e
-               WHERE e.service = req.service AND e.instance = req.instance
-                 AND req.start_ns BETWEEN e.start_ns AND e.end_ns + ?
-           ) AS after_start
-    FROM req
+    SELECT req.*,
+           req.instance <> '' AND row_number() OVER (PARTITION BY req.service, req.instance ORDER BY req.start_ns) = 1
+               AS first_seen,
+           a.start_ns IS NOT NULL AS after_start
+    FROM req LEFT JOIN after_starts a
+      ON a.service = req.service AND a.instance = req.instance AND a.start_ns = req.start_ns
 ),
 cold_req AS (
     SELECT *, cold_start OR after_start
-               OR (first_seen AND (SELECT count(*) FROM firsts WHERE first_seen) >= ?) AS cold
+               OR (first_seen AND (SELECT count(DISTINCT (service, instance)) FROM req WHERE instance <> '') >= ?) AS cold
     FROM firsts
 )
