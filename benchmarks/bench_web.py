@@ -1,22 +1,34 @@
-"""Server time of the explorer's pages on a DuckDB of 1,000,000 request summaries.
+"""Server time of the explorer's pages on a DuckDB of 1,000,000 request summaries, and on a lake.
 
 Prints the p50/p95 server time (the app's own `Server-Timing` header, so the
 HTTP client's cost is not counted) of the overview, search and trace pages,
 each as a ratio against a bare `SELECT count(*) FROM requests` measured in the
-same run on the same file.  Goal: p95 <= 300 ms.
+same run on the same file.  Trace pages are opened by random ids, each once:
+kept traces (every 50th request: its spans are stored) and others (the summary
+only).  Goal: p95 <= 300 ms.
+
+`--lake` also builds a DuckLake of `--lake-requests` (10 M) requests, catalog in a
+PostgreSQL it starts, written as shards write it (bench_web_lake.py), prints the
+Parquet files each of the trace views' statements reads, and opens random traces
+through the web app over it: p50/p95 as ratios to the local file's, same run.
 
     python benchmarks/bench_web.py [--requests 1000000] [--db PATH] [--runs 15]
+    python benchmarks/bench_web.py --lake [--lake-requests 10000000] [--shards 4]
+        [--move-rows 10000] [--buckets N] [--sorted]
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import re
 import socket
 import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -215,83 +227,185 @@ def baseline_ms(db: Path, runs: int) -> list[float]:
         conn.close()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=1_000_000)
-    ap.add_argument(
-        "--db", type=Path, default=None, help="reuse (or create) this file instead of a temp one"
-    )
-    ap.add_argument("--runs", type=int, default=15)
-    args = ap.parse_args()
-    tmp = tempfile.TemporaryDirectory()
-    db = args.db or Path(tmp.name) / "bench.duckdb"
-    t = time.perf_counter()
-    trace_id = populate(db, args.requests)
-    print(f"database: {db} ({args.requests:,} requests) ready in {time.perf_counter() - t:.1f} s")
+def trace_ids(rows: list[int]) -> list[str]:
+    """Gives the trace ids of request rows `rows`, as BATCH_REQUESTS makes them (no store read)."""
+    conn = duckdb.connect()
+    try:
+        got = conn.execute(
+            "SELECT printf('%016x%016x', hash(i), hash(-1 - i)) FROM unnest(?::BIGINT[]) t(i)",
+            [rows],
+        ).fetchall()
+        return [str(r[0]) for r in got]
+    finally:
+        conn.close()
 
-    port = free_port()
-    if True:
-        app = create_web_app(CollectorSettings(db=db))
-        server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-        )
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        while not server.started:
-            time.sleep(0.02)
-        base = f"http://127.0.0.1:{port}"
-        pages = {
-            "overview (all, 6 h)": "/",
-            "overview (1h, model)": "/?window=1h&model=qwen-7b",
-            "search (newest)": "/search",
-            "search (slowest e2e)": "/search?sort=e2e_ms&order=desc&min_ttft=100",
-            "search (page 2 keyset)": None,
-            "trace": f"/trace/{trace_id}",
-        }
-        results: dict[str, list[float]] = {}
-        with httpx.Client(base_url=base, timeout=600) as client:
-            # the pending path first: the report of this view is computed in the background meanwhile
-            pending = []
-            for _ in range(5):
-                r = client.get("/api/overview?window=7d")
-                pending.append(float(r.headers["server-timing"].split("dur=")[1]))
-            print(
-                f"overview while its report is computed in the background: p50 {statistics.median(pending):.1f} ms "
-                f"(pending={r.json()['report_pending']})"
-            )
-            # the diagnosis fills the report cache the overview reads (stale-while-revalidate)
-            for q in ("", "?window=1h&model=qwen-7b"):
-                d = client.get("/api/diagnosis" + q).json()
-                print(
-                    f"diagnosis report{q or ' (all)'}: computed in {d['report_compute_s'] * 1000:.0f} ms (cold)"
-                )
-            nxt = client.get("/api/search?sort=e2e_ms&order=desc").json()["next"]
-            pages["search (page 2 keyset)"] = "/search?" + httpx.QueryParams(nxt).__str__()
-            for name, path in pages.items():
-                assert path is not None
-                client.get(path)  # warm-up: first query plans, caches
-                times = []
-                for _ in range(args.runs):
-                    r = client.get(path)
-                    if r.status_code != 200:
-                        raise SystemExit(f"{name}: HTTP {r.status_code}: {r.text[:300]}")
-                    m = re.search(r"dur=([0-9.]+)", r.headers["server-timing"])
-                    times.append(float(m.group(1)) if m else float("nan"))
-                results[name] = times
+
+def random_traces(n: int, count: int, seed: int) -> dict[str, list[str]]:
+    """Gives `count` random kept traces (their spans are stored) and `count` random others."""
+    rnd = random.Random(seed)
+    kept = [rnd.randrange(n // KEPT_EVERY) * KEPT_EVERY for _ in range(count)]
+    other = [
+        i + 1 + rnd.randrange(KEPT_EVERY - 1)
+        for i in (rnd.randrange(n - KEPT_EVERY) for _ in range(count))
+    ]
+    return {
+        "trace (kept, random ids)": trace_ids(kept),
+        "trace (summary only, random)": trace_ids(other),
+    }
+
+
+@contextmanager
+def served(app: Any) -> Iterator[httpx.Client]:
+    """Serves `app` on a free loopback port for the block; gives a client of it."""
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{server.config.port}", timeout=600) as client:
+            yield client
+    finally:
         server.should_exit = True
         thread.join(10)
         app.state.reports.close()
         app.state.db.close()
 
-    base_times = baseline_ms(db, args.runs)
-    b95 = _p(base_times, 0.95)
-    print(f"baseline SELECT count(*): p50 {statistics.median(base_times):.2f} ms, p95 {b95:.2f} ms")
-    print(f"{'page':26} {'p50 ms':>9} {'p95 ms':>9} {'p95/baseline':>13}  goal p95 <= 300 ms")
+
+def server_ms(client: httpx.Client, path: str) -> float:
+    """Gets `path`; gives the app's own time for it (its `Server-Timing`), failing on a non-200."""
+    r = client.get(path)
+    if r.status_code != 200:
+        raise SystemExit(f"{path}: HTTP {r.status_code}: {r.text[:300]}")
+    m = re.search(r"dur=([0-9.]+)", r.headers["server-timing"])
+    return float(m.group(1)) if m else float("nan")
+
+
+def time_traces(client: httpx.Client, traces: dict[str, list[str]]) -> dict[str, list[float]]:
+    """Opens each trace page once (each a random id: no page is measured warm), per kind."""
+    server_ms(client, "/trace/" + next(iter(traces.values()))[-1])  # warm-up: plans, the catalog
+    return {
+        kind: [server_ms(client, f"/trace/{tid}") for tid in ids[:-1]]
+        for kind, ids in traces.items()
+    }
+
+
+def local_pages(
+    db: Path, n: int, runs: int, traces: dict[str, list[str]]
+) -> dict[str, list[float]]:
+    """Times the explorer's pages over the file `db`: overview, search, trace pages."""
+    pages = {
+        "overview (all, 6 h)": "/",
+        "overview (1h, model)": "/?window=1h&model=qwen-7b",
+        "search (newest)": "/search",
+        "search (slowest e2e)": "/search?sort=e2e_ms&order=desc&min_ttft=100",
+    }
+    results: dict[str, list[float]] = {}
+    with served(create_web_app(CollectorSettings(db=db))) as client:
+        # the pending path first: the report of this view is computed in the background meanwhile
+        pending = [server_ms(client, "/api/overview?window=7d") for _ in range(5)]
+        print(
+            f"overview while its report is computed in the background: p50 {statistics.median(pending):.1f} ms"
+        )
+        # the diagnosis fills the report cache the overview reads (stale-while-revalidate)
+        for q in ("", "?window=1h&model=qwen-7b"):
+            d = client.get("/api/diagnosis" + q).json()
+            print(
+                f"diagnosis report{q or ' (all)'}: computed in {d['report_compute_s'] * 1000:.0f} ms (cold)"
+            )
+        nxt = client.get("/api/search?sort=e2e_ms&order=desc").json()["next"]
+        pages["search (page 2 keyset)"] = "/search?" + str(httpx.QueryParams(nxt))
+        for name, path in pages.items():
+            server_ms(client, path)  # warm-up: first query plans, caches
+            results[name] = [server_ms(client, path) for _ in range(runs)]
+        results.update(time_traces(client, traces))
+    return results
+
+
+def print_pages(results: dict[str, list[float]], baseline: list[float] | None = None) -> None:
+    b95 = _p(baseline, 0.95) if baseline else None
+    if baseline and b95:
+        print(
+            f"baseline SELECT count(*): p50 {statistics.median(baseline):.2f} ms, p95 {b95:.2f} ms"
+        )
+    print(f"{'page':30} {'p50 ms':>9} {'p95 ms':>9} {'p95/baseline':>13}  goal p95 <= 300 ms")
     for name, times in results.items():
         p95 = _p(times, 0.95)
-        verdict = "ok" if p95 <= 300 else "OVER"
-        print(f"{name:26} {statistics.median(times):9.1f} {p95:9.1f} {p95 / b95:12.1f}x  {verdict}")
-    tmp.cleanup()
+        ratio = f"{p95 / b95:12.1f}x" if b95 else f"{'':13}"
+        print(
+            f"{name:30} {statistics.median(times):9.1f} {p95:9.1f} {ratio}  {'ok' if p95 <= 300 else 'OVER'}"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=1_000_000, help="requests in the local file")
+    ap.add_argument(
+        "--db", type=Path, default=None, help="reuse (or create) this file instead of a temp one"
+    )
+    ap.add_argument("--runs", type=int, default=15, help="times each page is opened")
+    ap.add_argument("--traces", type=int, default=30, help="random trace ids opened, of each kind")
+    ap.add_argument("--lake", action="store_true", help="also build a lake and open its traces")
+    ap.add_argument("--lake-requests", type=int, default=10_000_000)
+    ap.add_argument("--shards", type=int, default=4, help="shards writing the lake")
+    ap.add_argument(
+        "--move-rows", type=int, default=10_000, help="requests a shard moves into the lake at once"
+    )
+    ap.add_argument(
+        "--buckets",
+        type=int,
+        default=None,
+        help="trace-id buckets of the lake (default: the lake's own)",
+    )
+    ap.add_argument(
+        "--sorted",
+        action="store_true",
+        help="the lake sorts requests and spans by trace id in each file",
+    )
+    args = ap.parse_args()
+    print("(figures are of this machine as it was: shared with other work, so compare ratios)")
+    with tempfile.TemporaryDirectory(prefix="bench-web-") as tmp:
+        db = args.db or Path(tmp) / "bench.duckdb"
+        t = time.perf_counter()
+        populate(db, args.requests)
+        print(
+            f"database: {db} ({args.requests:,} requests) ready in {time.perf_counter() - t:.1f} s"
+        )
+        local_traces = random_traces(args.requests, args.traces + 1, seed=1)
+        if not args.lake:
+            results = local_pages(db, args.requests, args.runs, local_traces)
+            print_pages(results, baseline_ms(db, args.runs))
+            return
+        from bench_web_lake import lake_traces  # noqa: PLC0415 - the lake's parts only with --lake
+
+        if args.buckets:
+            from tokentrace.store.lake import catalog  # noqa: PLC0415
+
+            catalog.TRACE_BUCKETS = args.buckets
+
+        with served(create_web_app(CollectorSettings(db=db))) as client:
+            local = time_traces(client, local_traces)
+        lake = lake_traces(
+            Path(tmp),
+            n=args.lake_requests,
+            shards=args.shards,
+            move_rows=args.move_rows,
+            sorted_ids=args.sorted,
+            traces=random_traces(args.lake_requests, args.traces + 1, seed=2),
+            local_db=db,
+        )
+        print(f"\ntrace pages, local file ({args.requests:,} requests):")
+        print_pages(local)
+        print(f"\ntrace pages, lake ({args.lake_requests:,} requests, {args.shards} shards):")
+        print_pages(lake)
+        print(f"\n{'lake / local file':30} {'p50':>9} {'p95':>9}")
+        for kind in lake:
+            print(
+                f"{kind:30} {statistics.median(lake[kind]) / statistics.median(local[kind]):8.2f}x"
+                f" {_p(lake[kind], 0.95) / _p(local[kind], 0.95):8.2f}x"
+            )
 
 
 if __name__ == "__main__":
