@@ -261,8 +261,8 @@ HELP: dict[str, str] = {
     "decode_processes": "worker processes that decode big OTLP/HTTP protobuf exports off the GIL"
     " (0: decode everything in the collector process)",
     "lake": "a shared DuckLake catalog as DuckDB's ATTACH takes it, e.g. 'ducklake:postgres:dbname=tokentrace"
-    " host=db.internal': serve moves sealed rows there in batches, its file stays the hot tier"
-    " (docs/scale-out.md); none: the file alone",
+    " host=db.internal': serve moves sealed rows there in batches, its file stays the hot tier;"
+    " none: the file alone",
     "lake_data": "where the lake's Parquet files go: a directory or s3://bucket/prefix (needed when"
     " the catalog is new)",
     "shard": "this instance's name in the lake (default: host name:OTLP/HTTP port)",
