@@ -17,6 +17,7 @@ from tokentrace.analyzer import queries
 from tokentrace.analyzer.diagnosis import Context, diagnose
 from tokentrace.analyzer.diagnosis.coverage import coverage, read_signals
 from tokentrace.analyzer.filters import Filters
+from tokentrace.analyzer.quantiles import window_quantiles
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 
 PERCENTILES = ("p50", "p90", "p95", "p99")
@@ -24,12 +25,17 @@ QUANTILES = (0.5, 0.9, 0.95, 0.99)
 #: each ITL histogram bucket's upper bound over its lower one (~1.12)
 ITL_BUCKET_RATIO = ITL_BUCKET_BOUNDS_MS[1] / ITL_BUCKET_BOUNDS_MS[0]
 BUCKETS = ("network", "queue", "prefill", "decode")
+#: the per-request latencies whose percentiles the report gives: name → column of `req`
+LATENCY_COLUMNS = {name: f"{name}_ms" for name in ("e2e", "ttft", "ttft_client", "tpot", *BUCKETS)}
 
 
 def _pcts(values: list[float] | None) -> dict[str, float | None]:
     if not values:
         return dict.fromkeys(PERCENTILES)
-    return {name: (None if v is None else round(float(v), 3)) for name, v in zip(PERCENTILES, values, strict=False)}
+    return {
+        name: (None if v is None else round(float(v), 3))
+        for name, v in zip(PERCENTILES, values, strict=False)
+    }
 
 
 def run_query(
@@ -50,7 +56,9 @@ _BUCKET_SUMS = ", ".join(
 
 def itl_bucket_counts(conn: duckdb.DuckDBPyConnection, filters: Filters) -> list[int]:
     """Gives the window's inter-token gap count per ITL histogram bucket."""
-    if all(v is None for v in (filters.model, filters.tenant, filters.traffic_class, filters.service)):
+    if all(
+        v is None for v in (filters.model, filters.tenant, filters.traffic_class, filters.service)
+    ):
         sql = queries.load("itl_histogram_by_time").format(bucket_sums=_BUCKET_SUMS)
         lo, hi = filters.start_ns, filters.end_ns
         row = conn.execute(sql, [lo, lo, hi, hi]).fetchone()
@@ -94,7 +102,9 @@ def _gap_at(rank: int, counts: list[int], cum: list[int], gap_max: float | None)
     return lo * (hi / lo) ** within if lo > 0 else hi * within
 
 
-def itl_percentiles(counts: list[int], gaps: GapFigures) -> tuple[dict[str, float | None], list[str]]:
+def itl_percentiles(
+    counts: list[int], gaps: GapFigures
+) -> tuple[dict[str, float | None], list[str]]:
     """Gives the ITL percentiles over every inter-token gap of the window, and which of
     them are approximate.
 
@@ -111,7 +121,11 @@ def itl_percentiles(counts: list[int], gaps: GapFigures) -> tuple[dict[str, floa
         return dict.fromkeys(PERCENTILES), []
     cum = list(itertools.accumulate(counts))
     # one request's own percentiles are the window's (p90 between its p50 and p95)
-    own = {"p50": gaps.p50_min, "p95": gaps.p95_min, "p99": gaps.p99_min} if gaps.requests == 1 else {}
+    own = (
+        {"p50": gaps.p50_min, "p95": gaps.p95_min, "p99": gaps.p99_min}
+        if gaps.requests == 1
+        else {}
+    )
     pinned = gaps.p50_min is not None and gaps.p50_min == gaps.gap_max
     out: dict[str, float | None] = {}
     approximate: list[str] = []
@@ -151,9 +165,7 @@ def itl_histogram(
     ]
 
 
-def timeline(
-    conn: duckdb.DuckDBPyConnection, filters: Filters, span_ns: int
-) -> dict[str, Any]:
+def timeline(conn: duckdb.DuckDBPyConnection, filters: Filters, span_ns: int) -> dict[str, Any]:
     """Gives e2e / TTFT percentiles per time slice (about 60 slices over the window)."""
     from tokentrace.analyzer.diagnosis._base import NICE_SLICE_SECONDS, TARGET_SLICES
 
@@ -184,6 +196,7 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
     signals = read_signals(ctx)
     cols, rows = run_query(conn, "latency_percentiles", filters)
     r = dict(zip(cols, rows[0], strict=False))
+    r |= window_quantiles(conn, ctx.cte, ctx.params, LATENCY_COLUMNS, QUANTILES)
     e2e_total = r["e2e_total"] or 0.0
     buckets: dict[str, Any] = {}
     for b in BUCKETS:
@@ -202,7 +215,11 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
     itl, itl_approximate = itl_percentiles(
         itl_counts,
         GapFigures(
-            int(r["itl_requests"] or 0), r["itl_p50_min"], r["itl_p95_min"], r["itl_p99_min"], r["itl_gap_max"]
+            int(r["itl_requests"] or 0),
+            r["itl_p50_min"],
+            r["itl_p95_min"],
+            r["itl_p99_min"],
+            r["itl_gap_max"],
         ),
     )
     report: dict[str, Any] = {
@@ -235,7 +252,9 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
         # what the window's traces could show, and what they could not (docs/report.md)
         "coverage": coverage(ctx, signals),
         # chart data (html report, web explorer)
-        "timeline": timeline(conn, filters, int((r["last_start_ns"] or 0) - (r["first_start_ns"] or 0)))
+        "timeline": timeline(
+            conn, filters, int((r["last_start_ns"] or 0) - (r["first_start_ns"] or 0))
+        )
         if r["requests"]
         else {"slice_ns": None, "points": []},
         "itl_histogram": itl_histogram(conn, filters, itl_counts),

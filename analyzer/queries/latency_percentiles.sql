@@ -1,4 +1,5 @@
--- p50/p90/p95/p99 of the per-request latencies, plus counts.
+-- The window's counts and sums; the latencies' p50/p90/p95/p99 are report.py's
+-- `LATENCY_COLUMNS`, counted by analyzer/quantiles.py (exact, linear in the window).
 -- The filtered request set arrives as the CTE `req` (see analyzer/filters.py).
 -- The itl_* figures bound the ITL percentiles estimated from the histograms
 -- (report.py `GapFigures`): with one request its own are the window's.
@@ -9,14 +10,6 @@ SELECT
     count(*) FILTER (WHERE network_ms IS NOT NULL)      AS with_network,
     count(*) FILTER (WHERE list_contains(flags, 'server_unseen')) AS server_unseen,
     count(DISTINCT service)                             AS services,
-    quantile_cont(e2e_ms, [0.5, 0.9, 0.95, 0.99])       AS e2e,
-    quantile_cont(ttft_ms, [0.5, 0.9, 0.95, 0.99])      AS ttft,
-    quantile_cont(ttft_client_ms, [0.5, 0.9, 0.95, 0.99]) AS ttft_client,
-    quantile_cont(tpot_ms, [0.5, 0.9, 0.95, 0.99])      AS tpot,
-    quantile_cont(network_ms, [0.5, 0.9, 0.95, 0.99])   AS network,
-    quantile_cont(queue_ms, [0.5, 0.9, 0.95, 0.99])     AS queue,
-    quantile_cont(prefill_ms, [0.5, 0.9, 0.95, 0.99])   AS prefill,
-    quantile_cont(decode_ms, [0.5, 0.9, 0.95, 0.99])    AS decode,
     sum(e2e_ms)                                         AS e2e_total,
     sum(coalesce(network_ms, 0))                        AS network_total,
     sum(queue_ms)                                       AS queue_total,

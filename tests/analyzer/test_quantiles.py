@@ -1,0 +1,97 @@
+"""The report's latency percentiles counted in linear passes (analyzer/quantiles.py) are
+DuckDB's `quantile_cont` to the last bit: long tails, ties, NULLs, one value, filters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tokentrace.analyzer.filters import Filters
+from tokentrace.analyzer.quantiles import BINS, window_quantiles
+from tokentrace.analyzer.report import LATENCY_COLUMNS, QUANTILES
+from tokentrace.store.connection import open_db
+
+T0 = 1_750_000_000 * 10**9
+
+#: requests in the shapes a percentile can trip on: a long tail (most values in the first
+#: slices), many ties (network in whole ms), NULLs (no client span, no token), values that
+#: differ only past the 12th digit (the slices' rounding), and a column of one value
+ROWS = """
+INSERT INTO requests (trace_id, request_id, start_ns, e2e_ms, queue_ms, prefill_ms, decode_ms,
+    network_ms, server_ms, queue_wait_ms, tokenize_ms, other_ms, ttft_ms, ttft_client_ms, tpot_ms,
+    model, tenant, traffic_class, service, instance, environment, route, cold_start, error,
+    source, flags, kept, sample_reason, sample_weight)
+SELECT printf('%032x', i), 'r' || i, {t0} + i * 1000000,
+    exp((hash(i, 1) % 100000) / 9000.0),
+    CASE WHEN i % 7 = 0 THEN 1e-9 * (hash(i, 2) % 1000) + 50 ELSE (hash(i, 3) % 900) / 3.0 END,
+    42.0,
+    (hash(i, 4) % 5000) / 10.0,
+    CASE WHEN i % 3 = 0 THEN NULL ELSE (hash(i, 5) % 40)::DOUBLE END,
+    0, 0, 0, 0,
+    CASE WHEN i % 11 = 0 THEN NULL ELSE 1000.0 / (1 + hash(i, 6) % 997) END,
+    NULL,
+    CASE WHEN i % 2 = 0 THEN 18.0 + (hash(i, 7) % 3) ELSE 1e6 END,
+    'm', ['a', 'b', 'c'][1 + (i % 3)::INTEGER], 'interactive', 's', 'p', '', '/', false, false,
+    'bench', []::VARCHAR[], false, 'dropped', 1.0
+FROM range({n}) t(i)
+"""
+
+
+@pytest.fixture
+def conn(tmp_path: Path) -> duckdb.DuckDBPyConnection:
+    db = tmp_path / "q.duckdb"
+    writer = open_db(db)
+    writer.execute(ROWS.format(t0=T0, n=20_000))
+    writer.close()
+    reader = duckdb.connect(str(db), read_only=True)
+    yield reader
+    reader.close()
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        Filters(),
+        Filters(tenant="b"),
+        Filters(start_ns=T0 + 3_000 * 10**6, end_ns=T0 + 3_100 * 10**6),  # 100 requests
+        Filters(start_ns=T0 + 5 * 10**6, end_ns=T0 + 6 * 10**6),  # one request
+        Filters(tenant="nobody"),
+    ],
+)
+def test_linear_passes_give_duckdbs_quantile_cont_exactly(
+    conn: duckdb.DuckDBPyConnection, filters: Filters
+) -> None:
+    cte, params = filters.cte()
+    linear = window_quantiles(conn, cte, params, LATENCY_COLUMNS, QUANTILES, linear_from=0)
+    duck = window_quantiles(conn, cte, params, LATENCY_COLUMNS, QUANTILES, linear_from=10**12)
+    assert linear == duck
+    # the shapes are there: the tail, the NULLs, the single value, the empty column
+    if filters == Filters():
+        assert duck["e2e"] is not None and duck["e2e"][3] > 20 * duck["e2e"][0]
+        assert duck["prefill"] == [42.0] * 4
+        assert duck["ttft_client"] is None
+
+
+def test_a_value_at_each_slice_edge_is_ranked_in_order(tmp_path: Path) -> None:
+    """Values 1/BINS of the range apart sit at the slices' edges, where rounding decides."""
+    db = tmp_path / "edges.duckdb"
+    writer = open_db(db)
+    writer.execute(ROWS.format(t0=T0, n=3 * BINS))
+    # e2e: every edge of the slices, and one value just below and above each, shuffled
+    writer.execute(
+        "UPDATE requests SET e2e_ms = ((hash(start_ns) % 3)::BIGINT - 1) * 1e-12"
+        " + (hash(start_ns, 9) % ?) * 0.1",
+        [BINS + 1],
+    )
+    writer.close()
+    reader = duckdb.connect(str(db), read_only=True)
+    try:
+        cte, params = Filters().cte()
+        qs = (0.0, 0.001, 0.25, 0.5, 0.77, 0.999, 1.0)
+        cols = {"e2e": "e2e_ms"}
+        linear = window_quantiles(reader, cte, params, cols, qs, linear_from=0)
+        assert linear == window_quantiles(reader, cte, params, cols, qs, linear_from=10**12)
+    finally:
+        reader.close()
