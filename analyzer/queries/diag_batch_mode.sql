@@ -9,7 +9,6 @@ SELECT
     median(coalesce(ttft_ms, ttft_client_ms))                   AS ttft_p50,
     median(tpot_ms)                                             AS tpot_p50,
     median(queue_wait_ms)                                       AS queue_wait_p50,
-    median(e2e_ms)                                              AS e2e_p50,
     sum(e2e_ms)                                                 AS e2e_total
 FROM req LEFT JOIN b ON req.start_ns // ? = b.slice
 WHERE req.traffic_class <> 'batch'

@@ -3,7 +3,6 @@ SELECT
     environment,
     count(*)                                                    AS n,
     sum(queue_ms) / nullif(sum(e2e_ms), 0)                      AS queue_share,
-    median(queue_ms)                                            AS queue_p50,
     median(e2e_ms)                                              AS e2e_p50,
     quantile_cont(e2e_ms, 0.95)                                 AS e2e_p95,
     median(prefill_ms + decode_ms)                              AS compute_p50,

@@ -7,6 +7,5 @@ SELECT
     sum(e2e_ms)                                                 AS e2e_total,
     sum(queue_ms) / nullif(sum(e2e_ms), 0)                      AS queue_share,
     sum(coalesce(network_ms, 0)) / nullif(sum(e2e_ms), 0)       AS network_share,
-    median(e2e_ms)                                              AS e2e_p50,
     count(DISTINCT traffic_class)                               AS classes
 FROM req

@@ -6,7 +6,6 @@ SELECT
     count(*)                                                    AS n,
     median(coalesce(ttft_client_ms, ttft_ms, e2e_ms))           AS wait_p50,
     median(queue_ms)                                            AS queue_p50,
-    median(e2e_ms)                                              AS e2e_p50,
     sum(e2e_ms)                                                 AS e2e_total,
     median(in_flight)                                           AS in_flight_p50
 FROM light_beside
