@@ -14,7 +14,7 @@ from typing import Any
 from tokentrace._loopback import host_port
 from tokentrace.collector.settings import CollectorSettings
 from tokentrace.ports import bare_host, bind_sockets, check_bindable
-from tokentrace.store.reader import LakeAddress, StoreReader
+from tokentrace.store.reader import LakeAddress, NoLakeYet, StoreReader
 
 logger = logging.getLogger("tokentrace.query_node")
 
@@ -51,8 +51,9 @@ class QueryNodeServer:
         return f"http://{host_port(self.settings.host, self.web_port)}"
 
     def start(self, timeout_s: float = 60.0) -> QueryNodeServer:
-        """Reads the lake once (a catalog that cannot be reached, or holds no lake, fails the
-        start in one line), then serves the explorer; returns once it accepts connections."""
+        """Reads the lake once (a catalog that cannot be reached fails the start in one line;
+        one that holds no lake yet is waited for: shards and query nodes start in any order),
+        then serves the explorer; returns once it accepts connections."""
         import uvicorn
 
         from tokentrace.serve import _quiet_server_class, _serve_one
@@ -60,8 +61,12 @@ class QueryNodeServer:
         s = self.settings
         try:
             check_bindable(s.host, s.web_port, "web UI")
-            with self.store.cursor():
-                pass  # opens the lake: its errors are the start's
+            try:
+                with self.store.cursor():
+                    pass  # opens the lake: its errors are the start's
+            except NoLakeYet as exc:
+                # /readyz says it and the pages answer 503 until the first shard makes the lake
+                logger.warning("tokentrace query node: %s; serving, not ready until then", exc)
             app = self._web_app()
             self._sockets = bind_sockets(s.host, s.web_port, "web UI")
             if s.web_port == 0 and self._sockets:  # any free port: the one bound

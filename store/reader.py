@@ -44,6 +44,11 @@ class LakeAddress:
         return f"the lake {describe(self.uri)}"
 
 
+class NoLakeYet(StoreError):
+    """The catalog answers but holds no lake, or no tokentrace tables, yet: no shard has
+    started against it (a query node started first waits for one)."""
+
+
 def open_lake_reader(lake: LakeAddress) -> duckdb.DuckDBPyConnection:
     """Gives a read-only connection to `lake` with its tables in use; raises StoreError, one
     line, when the catalog cannot be reached, holds no lake yet, or a newer tokentrace wrote it."""
@@ -55,11 +60,11 @@ def open_lake_reader(lake: LakeAddress) -> duckdb.DuckDBPyConnection:
     except StoreError as exc:
         # DuckLake's words for a catalog database nobody made a lake in: read-only may not make it
         if "creating a new DuckLake is explicitly disabled" in str(exc):
-            raise StoreError(f"{lake.describe()} holds no lake yet: {_MADE_BY_A_SHARD}") from exc
+            raise NoLakeYet(f"{lake.describe()} holds no lake yet: {_MADE_BY_A_SHARD}") from exc
         raise
     try:
         if check_version(conn, lake.describe()) == 0:
-            raise StoreError(f"{lake.describe()} has no tokentrace tables yet: {_MADE_BY_A_SHARD}")
+            raise NoLakeYet(f"{lake.describe()} has no tokentrace tables yet: {_MADE_BY_A_SHARD}")
     except duckdb.Error as exc:
         conn.close()
         raise StoreError(f"cannot read {lake.describe()}: {first_line(exc)}") from exc

@@ -136,6 +136,24 @@ def test_readyz_says_when_the_catalog_does_not_answer(postgres: Any, tmp_path: P
         node.stop()
 
 
+def test_a_query_node_started_before_any_shard_is_ready_once_one_makes_the_lake(
+    postgres: Any, tmp_path: Path
+) -> None:
+    """Shards and query nodes start in any order: a catalog no shard has made a lake in yet
+    is waited for (not ready, pages 503 with the reason), not a failed start."""
+    uri, data = postgres.new_lake(tmp_path / "data")
+    node = start_query_node(uri, None, tmp_path)
+    try:
+        waiting = httpx.get(node.url + "/readyz", timeout=30)
+        assert waiting.status_code == 503
+        assert "holds no lake yet: the first `tokentrace serve --lake …`" in waiting.json()["reason"]
+        copy_into_lake(generate(tmp_path, count=3, evil=False)[0], uri, data)  # as a shard would
+        assert httpx.get(node.url + "/readyz", timeout=30).json() == {"status": "ready"}
+        assert _json(node.url + "/api/overview?window=all")["report"]["requests"]["count"] == 3
+    finally:
+        node.stop()
+
+
 def test_an_empty_lake_page_names_the_shards_not_an_otlp_port(
     postgres: Any, tmp_path: Path
 ) -> None:
