@@ -16,7 +16,7 @@ import random
 import re
 import time
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 from typing import TypeVar
 
 import duckdb
@@ -179,12 +179,12 @@ def ensure_tables(conn: duckdb.DuckDBPyConnection) -> None:
                         f"ALTER TABLE {ALIAS}.{table} SET PARTITIONED BY (bucket({TRACE_BUCKETS}, trace_id))"  # noqa: S608
                     )
 
-            retrying(lambda create=create: _in_transaction(conn, create))
+            retrying(partial(_in_transaction, conn, create))
             continue
         for column, kind in cols:
             if column not in have[table]:
                 sql = f'ALTER TABLE {ALIAS}.{table} ADD COLUMN IF NOT EXISTS "{column}" {kind}'
-                retrying(lambda sql=sql: conn.execute(sql))
+                retrying(partial(conn.execute, sql))
     if "lake_moves" not in have:
         retrying(lambda: conn.execute(MOVES_DDL.format(alias=ALIAS)))
     if "schema_version" not in have:
