@@ -46,7 +46,7 @@ STEP_NS = 2_500_000  # one engine step every 2.5 ms, on 8 instances in turn (20 
 #: Every 50th request is kept (baseline): its spans are stored, as the collector's sampler would.
 KEPT_EVERY = 50
 
-# One batch of requests (row numbers $lo..$hi-1, those of shard $shard of $shards): one row per
+# One batch of requests (row numbers $lo..$hi-1, those of shard $shard of $shards, by a hash): one row per
 # request, columns by name; every value derived from the row number with hash() so the
 # distribution is realistic (skewed latencies, mixed tenants) and the same in every store.
 BATCH_REQUESTS = """
@@ -80,7 +80,7 @@ FROM (
         CASE WHEN i % 3 = 0 THEN NULL ELSE 5 + hash(i * 19) % 60 END AS net,
         CAST(8 + hash(i * 23) % 400 AS INTEGER) AS toks
     FROM generate_series($lo, $hi - 1) t(i)
-    WHERE i % $shards = $shard
+    WHERE hash(i, 'shard') % $shards = $shard  -- split by trace id, as the loadbalancing exporter does
 )
 """
 

@@ -57,7 +57,7 @@ def start_postgres() -> Any:
 def move_shard(
     uri: str, data: str, *, n: int, shard: int, shards: int, move_rows: int
 ) -> list[float]:
-    """Moves shard `shard`'s requests (row i is shard i % shards) into the lake, `move_rows` at
+    """Moves shard `shard`'s requests (by a hash of the row, as of a trace id) into the lake, `move_rows` at
     a time, one lake transaction each with its ledger row, retried on conflicts as the mover
     does; gives each move's time in ms."""
     conn = duckdb.connect()
