@@ -14,7 +14,7 @@ through the web app over it: p50/p95 as ratios to the local file's, same run.
 
     python benchmarks/bench_web.py [--requests 1000000] [--db PATH] [--runs 15]
     python benchmarks/bench_web.py --lake [--lake-requests 10000000] [--shards 4]
-        [--move-rows 10000] [--buckets N] [--sorted]
+        [--move-rows 10000] [--buckets N] [--sorted] [--row-group-rows N]
 """
 
 from __future__ import annotations
@@ -364,6 +364,12 @@ def main() -> None:
         action="store_true",
         help="the lake sorts requests and spans by trace id in each file",
     )
+    ap.add_argument(
+        "--row-group-rows",
+        type=int,
+        default=0,
+        help="Parquet row groups of the lake's requests and spans",
+    )
     args = ap.parse_args()
     print("(figures are of this machine as it was: shared with other work, so compare ratios)")
     with tempfile.TemporaryDirectory(prefix="bench-web-") as tmp:
@@ -393,6 +399,7 @@ def main() -> None:
             shards=args.shards,
             move_rows=args.move_rows,
             sorted_ids=args.sorted,
+            row_group_rows=args.row_group_rows,
             traces=random_traces(args.lake_requests, args.traces + 1, seed=2),
             local_db=db,
         )

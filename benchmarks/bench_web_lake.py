@@ -102,14 +102,28 @@ def move_shard(
 
 
 def build_lake(
-    uri: str, data: str, *, n: int, shards: int, move_rows: int, sorted_ids: bool
+    uri: str,
+    data: str,
+    *,
+    n: int,
+    shards: int,
+    move_rows: int,
+    sorted_ids: bool,
+    row_group_rows: int = 0,
 ) -> None:
     """Fills the lake with `n` requests, moved by `shards` shards at once (a thread each, a
-    connection each), then runs a shard's upkeep: flush the inlined rows, merge small files."""
+    connection each), then runs a shard's upkeep: flush the inlined rows, merge small files.
+    `row_group_rows`: Parquet row groups of requests and spans (0: DuckDB's 122,880)."""
     conn = duckdb.connect()
     try:
         catalog.attach(conn, uri, data)  # makes the tables, as the first shard's start does
         set_inlining(conn)
+        if row_group_rows:
+            for table in ("requests", "spans"):
+                conn.execute(
+                    "CALL lake.set_option('parquet_row_group_size', ?, table_name => ?)",
+                    [row_group_rows, table],
+                )
         if sorted_ids:
             for table in SORTED_TABLES:
                 conn.execute(f"ALTER TABLE lake.{table} SET SORTED BY (trace_id)")  # noqa: S608
@@ -208,6 +222,7 @@ def lake_traces(
     shards: int,
     move_rows: int,
     sorted_ids: bool,
+    row_group_rows: int,
     traces: dict[str, list[str]],
     local_db: Path,
 ) -> dict[str, list[float]]:
@@ -216,7 +231,15 @@ def lake_traces(
     postgres = start_postgres()
     try:
         uri, data = postgres.new_lake(tmp / "lake-data")
-        build_lake(uri, data, n=n, shards=shards, move_rows=move_rows, sorted_ids=sorted_ids)
+        build_lake(
+            uri,
+            data,
+            n=n,
+            shards=shards,
+            move_rows=move_rows,
+            sorted_ids=sorted_ids,
+            row_group_rows=row_group_rows,
+        )
         reader = catalog.open_lake(uri, data, read_only=True)
         try:
             check_pruning(reader, next(iter(traces.values()))[0])
