@@ -2,7 +2,7 @@
 processes over it.
 
 The lake is filled table by table from a file the collector's real import path wrote
-(tests/web/tracegen.py: client and server spans, token times, engine steps, GPU samples),
+(tests/tracegen.py: client and server spans, token times, engine steps, GPU samples),
 with `INSERT INTO lake.t SELECT * FROM f.t`: what a shard's mover does, without the mover.
 """
 
@@ -17,15 +17,11 @@ from pathlib import Path
 
 import duckdb
 import httpx
+from tracegen import GeneratedRequest, generate
 from tt_testkit import free_port
 
-# tracegen is the web tests' generator; tests/ alone is on sys.path
-sys.path.append(str(Path(__file__).resolve().parents[1] / "web"))
-
-from tracegen import GeneratedRequest, generate  # noqa: E402
-
-from tokentrace.store.lake.catalog import ALIAS, attach  # noqa: E402
-from tokentrace.store.schema import DATA_TABLES  # noqa: E402
+from tokentrace.store.lake.catalog import ALIAS, attach
+from tokentrace.store.schema import DATA_TABLES
 
 
 @dataclass
