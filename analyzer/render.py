@@ -57,11 +57,17 @@ def no_requests_message(report: dict[str, Any]) -> str:
     """Says why a report is empty: nothing arrived yet (and where to send the spans), or
     the filters match nothing.
 
-    A report from a server that says where it takes OTLP (`otlp`: `{"http": URL,
+    An empty report read from a lake (`lake`: true) sends the reader to the shards.  A
+    report from a server that says where it takes OTLP (`otlp`: `{"http": URL,
     "grpc": HOST:PORT}`, as the explorer's `otlp` global) quotes those addresses;
     otherwise `serve`'s defaults, named as such."""
     if (report.get("window") or {}).get("filters"):
         return f"No requests match {describe_window(report)}."
+    if report.get("lake"):  # a lake's report (`report --lake`, a query node): no OTLP here
+        return (
+            "No requests in the lake yet: its shards (tokentrace serve --lake …) take the "
+            "fleet's OTLP and move their rows in every few seconds."
+        )
     otlp = report.get("otlp")
     said = otlp if isinstance(otlp, dict) else {}
     http, grpc = said.get("http"), said.get("grpc")

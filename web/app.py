@@ -335,6 +335,8 @@ def create_web_app(
         otlp = templates.env.globals.get("otlp")
         if otlp:  # `report --url` on an empty server says where to send traces
             report = {**report, "otlp": otlp}
+        if templates.env.globals.get("lake") and not report["requests"]["count"]:
+            report = {**report, "lake": True}  # a query node's: the shards take the traces
         return {
             "filters": view.query(),
             "window": view.window,

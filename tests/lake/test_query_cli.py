@@ -11,7 +11,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from query_kit import FilledLake, clean_env, fill_lake, tokentrace
+from query_kit import FilledLake, clean_env, copy_into_lake, fill_lake, tokentrace
+from tracegen import generate
 
 pytestmark = pytest.mark.slow
 
@@ -134,3 +135,14 @@ def test_a_catalog_no_shard_made_says_what_makes_it(postgres: Any, tmp_path: Pat
     assert line.endswith(
         "holds no lake yet: the first `tokentrace serve --lake …` (a shard) makes its tables when it starts"
     )
+
+
+def test_an_empty_lakes_report_sends_the_reader_to_the_shards(postgres: Any, tmp_path: Path) -> None:
+    uri, data = postgres.new_lake(tmp_path / "data")
+    copy_into_lake(generate(tmp_path, count=2, evil=False)[0], uri, data, where="false")
+    done = tokentrace("report", "--lake", uri)
+    assert done.returncode == 0, done.stderr
+    assert "No requests in the lake yet: its shards (tokentrace serve --lake …)" in done.stdout
+    assert "4318" not in done.stdout and "OTLP/HTTP on" not in done.stdout
+    said = json.loads(tokentrace("report", "--lake", uri, "--format", "json").stdout)
+    assert said["lake"] is True and said["requests"]["count"] == 0

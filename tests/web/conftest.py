@@ -37,7 +37,7 @@ def web(generated: tuple[Path, list[GeneratedRequest]]) -> Iterator[WebServer]:
 
 @pytest.fixture(scope="session")
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostileServer]:
-    """A server over traces whose every string a sender controls is hostile (tests/web/hostile.py)."""
+    """A server over traces whose every string a sender controls is hostile (tests/hostile.py)."""
     db, traces = generate_hostile(tmp_path_factory.mktemp("webdb-hostile"))
     with explorer(db) as url:
         yield HostileServer(url, db, traces)

@@ -1,7 +1,7 @@
 """The explorer against a hostile sender and a hostile web: span data, parameters, Host, token, headers.
 
 `hostile` serves traces whose every string is an injection payload and whose doubles
-are NaN and ±Infinity (tests/web/hostile.py); the browser side is in
+are NaN and ±Infinity (tests/hostile.py); the browser side is in
 test_security_browser.py.
 """
 
