@@ -23,6 +23,8 @@ from tokentrace.web._timeline import as_span, build_timeline, client_chunk_times
 SPAN_CAP = 5000
 #: Most requests one trace may hold (batches) before the view truncates.
 REQUEST_CAP = 100
+#: Most requests a request's "shared engine steps" list shows.
+SHARED_CAP = 200
 KIND_NAMES = {
     0: "unspecified",
     1: "internal",
@@ -317,6 +319,35 @@ def _token_times(
     )
 
 
+def _shared_requests(
+    cur: duckdb.DuckDBPyConnection,
+    request_id: str,
+    steps: list[dict[str, Any]],
+    start: int,
+    end: int,
+) -> tuple[list[dict[str, Any]], bool]:
+    """Gives the requests batched with `request_id` in its engine's steps that began in
+    [start, end], most shared steps first, and a truncated flag.  Counted from the steps the
+    timeline has already read (each served step carries the ids it served, `served_with`),
+    so `engine_steps` is not read again; only their summaries are looked up."""
+    counts: dict[str, int] = {}
+    for step in steps:
+        if step["start_ns"] >= start and step["served_with"]:
+            for other in step["served_with"]:
+                counts[other] = counts.get(other, 0) + 1
+    counts.pop(request_id, None)
+    for step in steps:
+        del step["served_with"]  # the timeline's steps, as they were
+    if not counts:
+        return [], False
+    return fetch_dicts(
+        cur,
+        queries.load("trace_shared_requests"),
+        [request_id, list(counts), list(counts.values()), start, end],
+        cap=SHARED_CAP,
+    )
+
+
 def _request_view(
     cur: duckdb.DuckDBPyConnection, request: dict[str, Any], spans: list[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -339,9 +370,7 @@ def _request_view(
         gpu, _ = fetch_dicts(
             cur, queries.load("trace_gpu_samples"), [start, end, service], cap=5000
         )
-        shared, shared_truncated = fetch_dicts(
-            cur, queries.load("trace_shared_requests"), [request["request_id"], start, end], cap=200
-        )
+        shared, shared_truncated = _shared_requests(cur, request["request_id"], steps, start, end)
     tokens = token_times_ns(req_span)
     chunks = client_chunk_times_ns(client)
     token_times = _token_times(spans, request, req_span, tokens, chunks)

@@ -28,10 +28,20 @@ from tokentrace.store.schema import DATA_TABLES, SCHEMA_VERSION, migrate
 #: The name the lake is attached under, in every connection that reads or writes it.
 ALIAS = "lake"
 
-#: Tables with a trace id are partitioned by a hash bucket of it: a look-up of one trace reads
-#: 1/16 of the files, which DuckLake prunes by the partition value in the catalog, without
-#: opening them (random ids defeat Parquet's min/max statistics).  See docs/scale-out.md.
+#: The tables the web looks a trace up in are partitioned by a hash bucket of its id: a look-up
+#: of one trace reads 1/16 of the files, which DuckLake prunes by the partition value in the
+#: catalog, without opening them (random ids defeat Parquet's min/max statistics).  See
+#: docs/scale-out.md.  Not `itl_hist`, which is read whole: 16 files a move would only cost.
 TRACE_BUCKETS = 16
+BY_TRACE = ("requests", "spans", "kept_traces")
+
+#: Parquet row groups of the tables the trace page reads by time as well as by id (the steps'
+#: shared requests: a 10-minute window of `requests`): DuckDB's default 122,880 rows make a
+#: window read ~8x the rows it needs; 16,384-row groups halved the trace page's p95 over a
+#: 10 M-request lake (benchmarks/bench_web.py --lake).  Set where the lake is made, so every
+#: mover's and compaction's file has them.
+ROW_GROUP_ROWS = 16_384
+SMALL_ROW_GROUPS = ("requests", "spans")
 
 #: The movers' ledger: `shard` moved the commits `first_seq`..`last_seq` (their `commit_seq`
 #: values) of its local file `store_id` (`store_identity`) in one lake transaction with their
@@ -99,6 +109,7 @@ def attach(
         options.append("READ_ONLY")
     clause = f" ({', '.join(options)})" if options else ""
     target = uri if uri.startswith("ducklake:") else f"ducklake:{uri}"
+
     def attach_once() -> None:
         try:
             conn.execute(f"ATTACH '{_quoted(target)}' AS {ALIAS}{clause}")
@@ -114,7 +125,9 @@ def attach(
         try:
             ensure_tables(conn)
         except duckdb.Error as exc:
-            raise StoreError(f"cannot make the lake's tables in {describe(uri)}: {_first_line(exc)}") from exc
+            raise StoreError(
+                f"cannot make the lake's tables in {describe(uri)}: {_first_line(exc)}"
+            ) from exc
 
 
 _PASSWORD = re.compile(r"password\s*=\s*('[^']*'|\S+)", re.IGNORECASE)
@@ -170,16 +183,17 @@ def ensure_tables(conn: duckdb.DuckDBPyConnection) -> None:
         if table not in have:
             body = ", ".join(f'"{c}" {kind}' for c, kind in cols)
 
-            by_trace = "trace_id" in dict(cols)
-
-            def create(table: str = table, body: str = body, by_trace: bool = by_trace) -> None:
+            def create(table: str = table, body: str = body) -> None:
                 conn.execute(f"CREATE TABLE IF NOT EXISTS {ALIAS}.{table} ({body})")  # noqa: S608 - names from the schema
-                if by_trace:
+                if table in BY_TRACE:
                     conn.execute(
                         f"ALTER TABLE {ALIAS}.{table} SET PARTITIONED BY (bucket({TRACE_BUCKETS}, trace_id))"  # noqa: S608
                     )
 
             retrying(partial(_in_transaction, conn, create))
+            if table in SMALL_ROW_GROUPS:  # a table's option, once the table is committed
+                sql = f"CALL {ALIAS}.set_option('parquet_row_group_size', ?, table_name => ?)"
+                retrying(partial(conn.execute, sql, [ROW_GROUP_ROWS, table]))
             continue
         for column, kind in cols:
             if column not in have[table]:
@@ -198,7 +212,8 @@ def ensure_tables(conn: duckdb.DuckDBPyConnection) -> None:
     if version is None or version < SCHEMA_VERSION:
         retrying(
             lambda: conn.execute(
-                f"INSERT INTO {ALIAS}.schema_version VALUES (?, now())", [SCHEMA_VERSION]  # noqa: S608
+                f"INSERT INTO {ALIAS}.schema_version VALUES (?, now())",
+                [SCHEMA_VERSION],  # noqa: S608
             )
         )
     elif version > SCHEMA_VERSION:
@@ -221,11 +236,16 @@ def _in_transaction(conn: duckdb.DuckDBPyConnection, action: Callable[[], None])
         raise
 
 
-def open_lake(uri: str, data_path: str | None = None, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
+def open_lake(
+    uri: str, data_path: str | None = None, *, read_only: bool = True
+) -> duckdb.DuckDBPyConnection:
     """Gives an in-memory DuckDB connection with the lake attached and in use: the analyzer's
     unqualified table names read the lake's tables (a query node, `report --lake`)."""
     conn = duckdb.connect()
     try:
+        # a lake's Parquet files never change once written: their footers are read once, not
+        # at every statement (a trace page's scans each opened their files' footers again)
+        conn.execute("SET parquet_metadata_cache = true")
         attach(conn, uri, data_path, read_only=read_only)
         conn.execute(f"USE {ALIAS}")
     except BaseException:
