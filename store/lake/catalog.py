@@ -212,8 +212,8 @@ def ensure_tables(conn: duckdb.DuckDBPyConnection) -> None:
     if version is None or version < SCHEMA_VERSION:
         retrying(
             lambda: conn.execute(
-                f"INSERT INTO {ALIAS}.schema_version VALUES (?, now())",
-                [SCHEMA_VERSION],  # noqa: S608
+                f"INSERT INTO {ALIAS}.schema_version VALUES (?, now())",  # noqa: S608
+                [SCHEMA_VERSION],
             )
         )
     elif version > SCHEMA_VERSION:
