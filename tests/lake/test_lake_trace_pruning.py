@@ -17,7 +17,14 @@ from typing import Any
 import duckdb
 import pytest
 
-from tokentrace.store.lake.catalog import ALIAS, TRACE_BUCKETS, attach
+from tokentrace.store.lake.catalog import (
+    ALIAS,
+    BY_TRACE,
+    ROW_GROUP_ROWS,
+    SMALL_ROW_GROUPS,
+    TRACE_BUCKETS,
+    attach,
+)
 from tokentrace.store.reader import LakeAddress, StoreReader
 from tokentrace.web import _trace
 from tokentrace.web.app import _steps_of_trace
@@ -137,3 +144,29 @@ def test_every_trace_look_up_of_the_web_reads_one_buckets_files(lake: tuple[str,
     finally:
         reader.close()
     assert looked_up == {"requests", "spans", "kept_traces"}
+
+
+def test_the_lake_is_laid_out_for_trace_pages(lake: tuple[str, str]) -> None:
+    """What a new lake is made with: the trace-id buckets on the tables looked up by trace id
+    only (`itl_hist` is read whole: buckets would only split its moves into 16 files), and
+    16,384-row Parquet row groups on `requests` and `spans`, which the trace page also reads
+    by time (a time window reads its row groups, not DuckDB's default 122,880 rows each)."""
+    uri, data = lake
+    _write_moves(uri, data)
+    conn = duckdb.connect()
+    try:
+        attach(conn, uri, data, read_only=True)
+        meta = f"__ducklake_metadata_{ALIAS}"  # DuckLake's catalog, attached beside the lake
+        partitioned = conn.execute(
+            f"SELECT t.table_name FROM {meta}.ducklake_partition_info p JOIN {meta}.ducklake_table t"  # noqa: S608
+            " USING (table_id) WHERE p.end_snapshot IS NULL AND t.end_snapshot IS NULL ORDER BY 1"
+        ).fetchall()
+        row_groups = conn.execute(
+            "SELECT scope_entry, value FROM ducklake_options(?)"
+            " WHERE option_name = 'parquet_row_group_size' ORDER BY 1",
+            [ALIAS],
+        ).fetchall()
+    finally:
+        conn.close()
+    assert [t for (t,) in partitioned] == sorted(BY_TRACE) == ["kept_traces", "requests", "spans"]
+    assert row_groups == [(f"main.{t}", str(ROW_GROUP_ROWS)) for t in sorted(SMALL_ROW_GROUPS)]

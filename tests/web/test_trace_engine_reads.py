@@ -77,7 +77,9 @@ def _shared(view: dict[str, Any]) -> list[tuple[str, int, str | None]]:
     return [(o["request_id"], o["steps"], o["trace_id"]) for o in view["shared_requests"]]
 
 
-def test_replicas_that_count_the_same_ids_keep_their_own_steps(conn: duckdb.DuckDBPyConnection) -> None:
+def test_replicas_that_count_the_same_ids_keep_their_own_steps(
+    conn: duckdb.DuckDBPyConnection,
+) -> None:
     _request(conn, "a" * 32, "req-1", "pod-0")
     _request(conn, "b" * 32, "req-2", "pod-0")
     _steps(conn, "pod-0", ["req-1", "req-2"], 6)
