@@ -31,7 +31,8 @@ ALIAS = "lake"
 #: The tables the web looks a trace up in are partitioned by a hash bucket of its id: a look-up
 #: of one trace reads 1/16 of the files, which DuckLake prunes by the partition value in the
 #: catalog, without opening them (random ids defeat Parquet's min/max statistics).  See
-#: docs/scale-out.md.  Not `itl_hist`, which is read whole: 16 files a move would only cost.
+#: docs/scale-out.md.  Not the other tables with a trace id (`itl_hist`, `engine_starts`,
+#: `unmatched_traces`), which are read by time or whole: 16 files a move would only cost.
 TRACE_BUCKETS = 16
 BY_TRACE = ("requests", "spans", "kept_traces")
 
