@@ -368,7 +368,7 @@ def main() -> None:
         "--row-group-rows",
         type=int,
         default=0,
-        help="Parquet row groups of the lake's requests and spans",
+        help="Parquet row groups of the lake's requests and spans (0: the lake's own, 16,384)",
     )
     args = ap.parse_args()
     print("(figures are of this machine as it was: shared with other work, so compare ratios)")

@@ -113,7 +113,8 @@ def build_lake(
 ) -> None:
     """Fills the lake with `n` requests, moved by `shards` shards at once (a thread each, a
     connection each), then runs a shard's upkeep: flush the inlined rows, merge small files.
-    `row_group_rows`: Parquet row groups of requests and spans (0: DuckDB's 122,880)."""
+    `row_group_rows`: Parquet row groups of requests and spans (0: the lake's own,
+    `catalog.ROW_GROUP_ROWS`)."""
     conn = duckdb.connect()
     try:
         catalog.attach(conn, uri, data)  # makes the tables, as the first shard's start does
