@@ -6,14 +6,16 @@
 -- live requests ride through the sweep whole (UNION ALL BY NAME pads the batch events'
 -- other columns with NULL) rather than being joined back to `req` on their ids after it:
 -- that string join cost more than the sweep, and DuckDB reads only the columns a query uses.
+-- `d` is a TINYINT, not an INTEGER literal: DuckDB 1.5 sums a running window of TINYINT
+-- several times faster (diag_batch_concurrency 11.5 -> 7 CPU-s at 10 M requests, same counts).
 batch_events AS (
-    SELECT service, instance, start_ns AS t, 1 AS d
+    SELECT service, instance, start_ns AS t, CAST(1 AS TINYINT) AS d
     FROM req WHERE traffic_class = 'batch'
     UNION ALL BY NAME
-    SELECT service, instance, start_ns + CAST(e2e_ms * 1e6 AS BIGINT) AS t, -1 AS d
+    SELECT service, instance, start_ns + CAST(e2e_ms * 1e6 AS BIGINT) AS t, CAST(-1 AS TINYINT) AS d
     FROM req WHERE traffic_class = 'batch'
     UNION ALL BY NAME
-    SELECT *, start_ns AS t, 0 AS d
+    SELECT *, start_ns AS t, CAST(0 AS TINYINT) AS d
     FROM req WHERE traffic_class <> 'batch'
 ),
 batch_running AS (
