@@ -62,7 +62,12 @@ RETRY_FIRST_S = 0.05
 
 #: What PostgreSQL says when two processes make one new catalog's tables at once (DuckLake's
 #: first ATTACH creates them): the loser retries and finds them made.
-_CREATE_RACE = ("duplicate key value violates unique constraint", "already exists")
+_CREATE_RACE = (
+    "duplicate key value violates unique constraint",
+    "already exists",
+    # two shards setting the same new lake's options at once (PostgreSQL's serializable check)
+    "could not serialize access due to concurrent update",
+)
 
 
 def is_conflict(exc: BaseException) -> bool:
