@@ -335,9 +335,15 @@ def _shared_requests(
         if step["start_ns"] >= start and step["served_with"]:
             for other in step["served_with"]:
                 counts[other] = counts.get(other, 0) + 1
+    served = bool(counts)
     counts.pop(request_id, None)
     for step in steps:
         del step["served_with"]  # the timeline's steps, as they were
+    if not served:
+        # no step of its own engine names it: steps recorded under another service may (an
+        # engine process of its own); read once more, only for such requests
+        rows = cur.execute(queries.load("trace_steps_naming"), [request_id, start, end]).fetchall()
+        counts = {str(other): int(n) for other, n in rows if other != request_id}
     if not counts:
         return [], False
     return fetch_dicts(
