@@ -78,7 +78,9 @@ def test_imported_twice_each_trace_is_noted_once(tmp_path: Path) -> None:
     custom.write_text(json.dumps(to_json([s for t in traces for s in t])))
     db = tmp_path / "notes.duckdb"
     for _ in range(2):
-        import_files(CollectorSettings(db=db), [STARTUP, custom])
+        # baseline 0: the unmatched traces would otherwise each be a coin toss of the
+        # baseline sample (kept whole, with a kept_traces row of their own)
+        import_files(CollectorSettings(db=db, baseline=0.0), [STARTUP, custom])
     conn = open_read_only(db)
     try:
         starts = conn.execute("SELECT trace_id, instance, phases FROM engine_starts").fetchall()
