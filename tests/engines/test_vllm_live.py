@@ -214,8 +214,8 @@ def test_openinference_e2e_and_ttft_are_the_client_own(live: LiveRun) -> None:
     # headers, taken as the user's) cut every stream's E2E short.  One live row in three runs
     # on a loaded machine once read short with its call span present and no flag, a cause
     # not yet found (the recordings' fast tests pin every row); in a clean-clone CI run the
-    # first call's row read both E2E and TTFT 66 ms short (its span began that much after the
-    # client's clock, the first call's set-up): at most one such row passes.
+    # first call's row read TTFT 34 ms against the client's 101 ms: at most one row read off
+    # on either figure passes.
     assert len(e2e_off) <= 1, "\n\n".join(e2e_off)
 
 
