@@ -17,7 +17,6 @@ opened through the web app over the lake (a query node's `StoreReader`).
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -159,39 +158,11 @@ def live_files(conn: duckdb.DuckDBPyConnection) -> dict[str, int]:
     return {str(table): int(count) for table, count in rows if table in TABLES}
 
 
-class Recorder:
-    """A cursor that records every statement run through it (the web's functions take cursors)."""
-
-    def __init__(self, cur: duckdb.DuckDBPyConnection) -> None:
-        self._cur = cur
-        self.statements: list[tuple[str, list[Any]]] = []
-
-    def execute(self, sql: str, params: Any = None) -> Any:
-        self.statements.append((sql, list(params or [])))
-        return self._cur.execute(sql, params or [])
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cur, name)
-
-
-def files_read(conn: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> dict[str, int]:
-    """Gives the Parquet files each lake table's scans in `sql` read (EXPLAIN ANALYZE's JSON)."""
-    [(_, plan)] = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchall()
-    read: dict[str, int] = {}
-
-    def walk(node: dict[str, Any]) -> None:
-        info = node.get("extra_info") or {}
-        if isinstance(info, dict) and "Total Files Read" in info:
-            read[info["Table"]] = read.get(info["Table"], 0) + int(info["Total Files Read"])
-        for child in node.get("children", []):
-            walk(child)
-
-    walk(json.loads(plan))
-    return read
-
-
 def check_pruning(conn: duckdb.DuckDBPyConnection, trace_id: str) -> None:
     """Prints the files each statement of the web's trace views reads, against the table's."""
+    sys.path.insert(0, str(TESTS))  # the statement recorder lives with the tests
+    from statement_recorder import StatementRecorder, files_read  # noqa: PLC0415 - by path
+
     views: dict[str, Callable[[Any], Any]] = {
         "trace page (and /api/trace)": lambda cur: _trace.trace_data(cur, trace_id),
         "export otlp.json": lambda cur: _trace.kept_spans(cur, trace_id),
@@ -201,7 +172,7 @@ def check_pruning(conn: duckdb.DuckDBPyConnection, trace_id: str) -> None:
     total = live_files(conn)
     print(f"files read per statement (trace {trace_id}; files in the lake: {total}):")
     for view, run in views.items():
-        rec = Recorder(conn.cursor())
+        rec = StatementRecorder(conn.cursor())
         rec.execute("USE lake")
         run(rec)
         for sql, params in rec.statements[1:]:

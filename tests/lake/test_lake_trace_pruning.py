@@ -10,12 +10,12 @@ look-up by trace id read are counted: one move's file of the trace's bucket per 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 import duckdb
 import pytest
+from statement_recorder import StatementRecorder, files_read
 
 from tokentrace.store.lake.catalog import (
     ALIAS,
@@ -62,21 +62,6 @@ MOVE_SQL = (
 )
 
 
-class _Recorder:
-    """A cursor that records the statements run through it (the web's functions take cursors)."""
-
-    def __init__(self, cur: duckdb.DuckDBPyConnection) -> None:
-        self._cur = cur
-        self.statements: list[tuple[str, list[Any]]] = []
-
-    def execute(self, sql: str, params: Any = None) -> Any:
-        self.statements.append((sql, list(params or [])))
-        return self._cur.execute(sql, params or [])
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cur, name)
-
-
 def _write_moves(uri: str, data: str) -> None:
     conn = duckdb.connect()
     try:
@@ -95,22 +80,6 @@ def _write_moves(uri: str, data: str) -> None:
         conn.close()
 
 
-def _files_read(cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> dict[str, int]:
-    """Gives the files each lake table's scans in `sql` read, from EXPLAIN ANALYZE's JSON."""
-    [(_, plan)] = cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchall()
-    read: dict[str, int] = {}
-
-    def walk(node: dict[str, Any]) -> None:
-        info = node.get("extra_info") or {}
-        if isinstance(info, dict) and "Total Files Read" in info:
-            read[info["Table"]] = read.get(info["Table"], 0) + int(info["Total Files Read"])
-        for child in node.get("children", []):
-            walk(child)
-
-    walk(json.loads(plan))
-    return read
-
-
 def test_every_trace_look_up_of_the_web_reads_one_buckets_files(lake: tuple[str, str]) -> None:
     uri, data = lake
     _write_moves(uri, data)
@@ -125,12 +94,12 @@ def test_every_trace_look_up_of_the_web_reads_one_buckets_files(lake: tuple[str,
     try:
         for view, run in views.items():
             with reader.cursor() as cur:
-                recorder = _Recorder(cur)
+                recorder = StatementRecorder(cur)
                 assert run(recorder), view
                 for sql, params in recorder.statements:
                     if trace_id not in params:
                         continue  # the engine steps and GPU samples around it: by time
-                    read = _files_read(cur, sql, params)
+                    read = files_read(cur, sql, params)
                     for table in ("requests", "spans", "kept_traces"):
                         if table in read:
                             looked_up.add(table)

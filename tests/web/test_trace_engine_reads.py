@@ -15,27 +15,13 @@ from typing import Any
 
 import duckdb
 import pytest
+from statement_recorder import StatementRecorder
 
 from tokentrace.store.schema import migrate
 from tokentrace.web import _trace
 
 T0 = 1_767_225_600 * 10**9
 MS = 10**6
-
-
-class _Recorder:
-    """A cursor that records the statements run through it (trace_data takes a cursor)."""
-
-    def __init__(self, cur: duckdb.DuckDBPyConnection) -> None:
-        self._cur = cur
-        self.statements: list[str] = []
-
-    def execute(self, sql: str, params: Any = None) -> Any:
-        self.statements.append(sql)
-        return self._cur.execute(sql, params or [])
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cur, name)
 
 
 def _request(conn: duckdb.DuckDBPyConnection, trace: str, request_id: str, instance: str) -> None:
@@ -67,10 +53,10 @@ def conn() -> duckdb.DuckDBPyConnection:
 
 
 def _view(conn: duckdb.DuckDBPyConnection, trace: str) -> tuple[dict[str, Any], list[str]]:
-    cur = _Recorder(conn.cursor())
+    cur = StatementRecorder(conn.cursor())
     data = _trace.trace_data(cur, trace)  # type: ignore[arg-type]
     [view] = data["requests"]
-    return view, [s for s in cur.statements if "engine_steps" in s]
+    return view, [s for s, _ in cur.statements if "engine_steps" in s]
 
 
 def _shared(view: dict[str, Any]) -> list[tuple[str, int, str | None]]:

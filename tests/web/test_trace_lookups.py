@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+from statement_recorder import StatementRecorder
 
 from tokentrace.store.schema import migrate
 from tokentrace.web import _trace
@@ -22,21 +23,6 @@ STEP_NS = 2_500_000
 STEPS = 1_000_000  # 41 minutes of steps, 2.5 ms apart
 REQUEST = "req-mid"
 TRACE = "ab" * 16
-
-
-class _Recorder:
-    """A cursor that records the statements run through it (trace_data takes a cursor)."""
-
-    def __init__(self, cur: duckdb.DuckDBPyConnection) -> None:
-        self._cur = cur
-        self.statements: list[tuple[str, list[Any]]] = []
-
-    def execute(self, sql: str, params: Any = None) -> Any:
-        self.statements.append((sql, list(params or [])))
-        return self._cur.execute(sql, params or [])
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cur, name)
 
 
 def _store(conn: duckdb.DuckDBPyConnection, start_ns: int) -> None:
@@ -87,7 +73,7 @@ def test_the_steps_of_a_request_late_in_a_long_history_are_read_around_it(tmp_pa
     start_ns = T0 + (STEPS - 2000) * STEP_NS  # near the end: ~1 M steps lie before it
     conn = duckdb.connect(str(tmp_path / "store.duckdb"))
     _store(conn, start_ns)
-    cur = _Recorder(conn.cursor())
+    cur = StatementRecorder(conn.cursor())
 
     data = _trace.trace_data(cur, TRACE)  # type: ignore[arg-type]
 
