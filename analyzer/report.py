@@ -17,6 +17,7 @@ from tokentrace.analyzer import queries
 from tokentrace.analyzer.diagnosis import Context, diagnose
 from tokentrace.analyzer.diagnosis.coverage import coverage, read_signals
 from tokentrace.analyzer.filters import Filters
+from tokentrace.analyzer.itl_window import window_itl_counts
 from tokentrace.analyzer.quantiles import window_quantiles
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 
@@ -48,25 +49,10 @@ def run_query(
     return cols, cur.fetchall()
 
 
-#: one positional sum per ITL bucket (the schema's fixed bucket count, never input)
-_BUCKET_SUMS = ", ".join(
-    f"sum(h.counts[{i}])::BIGINT" for i in range(1, len(ITL_BUCKET_BOUNDS_MS) + 2)
-)
-
-
 def itl_bucket_counts(conn: duckdb.DuckDBPyConnection, filters: Filters) -> list[int]:
-    """Gives the window's inter-token gap count per ITL histogram bucket."""
-    if all(
-        v is None for v in (filters.model, filters.tenant, filters.traffic_class, filters.service)
-    ):
-        sql = queries.load("itl_histogram_by_time").format(bucket_sums=_BUCKET_SUMS)
-        lo, hi = filters.start_ns, filters.end_ns
-        row = conn.execute(sql, [lo, lo, hi, hi]).fetchone()
-    else:
-        cte, params = filters.cte()
-        sql = queries.load("itl_histogram").format(bucket_sums=_BUCKET_SUMS)
-        row = conn.execute(f"{cte}\n{sql}", params).fetchone()
-    return [int(n or 0) for n in (row or ())]
+    """Gives the window's inter-token gap count per ITL histogram bucket (the per-minute
+    rollup where it holds the window's minutes whole: analyzer/itl_window.py)."""
+    return window_itl_counts(conn, filters)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,9 @@
 against a naive baseline, in one local DuckDB file and (`--lake`) in a DuckLake lake.
 
 Builds a DuckDB file with bulk SQL (generate_series): 1M requests over an hour
-with a busy stretch, their ITL histograms, the kept spans of ~2 % of traces at
-the default sampling, engine steps and GPU samples.  Then times
+with a busy stretch, their ITL histograms and the writer's per-minute rollup of
+them, the kept spans of ~2 % of traces at the default sampling, engine steps
+and GPU samples.  Then times
 `build_report` (the whole diagnosis) and a naive baseline that fetches the
 rows into Python and computes the core of the same report (latency and bucket
 percentiles, shares, pooled ITL percentiles, busiest-slice and per-tenant
@@ -90,6 +91,16 @@ SELECT trace_id, request_id, start_ns,
 FROM requests
 """
 
+# The writer's per-minute rollup of the same histograms (collector/itl_rollup.py), as ~1
+# commit a second writes it: one row per second of starts and slice.
+ROLLUP_SQL = """
+INSERT INTO itl_rollup
+SELECT any_value(r.start_ns - r.start_ns % 60000000000), r.service, r.model, r.tenant, r.traffic_class,
+       count(*), [{sums}]::BIGINT[], 1
+FROM requests r JOIN itl_hist h USING (trace_id, request_id)
+GROUP BY r.start_ns // 1000000000, r.service, r.model, r.tenant, r.traffic_class
+"""
+
 SPANS_SQL = """
 INSERT INTO spans
 SELECT r.trace_id, lpad(printf('%x', r.start_ns % 100000 * 10 + k), 16, '0'),
@@ -119,8 +130,9 @@ FROM range(3600) t(i)
 def build_db(path: Path, n: int) -> None:
     conn = open_db(path)
     try:
-        fmt = {"t0": T0_NS, "hour": HOUR_NS, "n": n, "nb": N_BUCKETS}
-        for sql in (REQUESTS_SQL, ITL_SQL, SPANS_SQL, STEPS_SQL, GPU_SQL):
+        sums = ", ".join(f"sum(h.counts[{i}])" for i in range(1, N_BUCKETS + 1))
+        fmt = {"t0": T0_NS, "hour": HOUR_NS, "n": n, "nb": N_BUCKETS, "sums": sums}
+        for sql in (REQUESTS_SQL, ITL_SQL, ROLLUP_SQL, SPANS_SQL, STEPS_SQL, GPU_SQL):
             conn.execute(sql.format(**fmt))
         conn.execute(
             "INSERT INTO kept_traces SELECT trace_id, 'baseline', 50.0, start_ns, 4, 1 FROM requests WHERE kept"

@@ -88,6 +88,8 @@ class Retained:
 TABLES: tuple[Retained, ...] = (
     Retained("requests", "start_ns"),
     Retained("itl_hist", "start_ns"),
+    # a minute retention cuts in two is read from itl_hist by reports until it is gone
+    Retained("itl_rollup", "minute_ns"),
     Retained("kept_traces", "decided_ns", by_trace=True),
     Retained("spans", "start_ns", by_trace=True),
     Retained("engine_steps", "start_ns"),

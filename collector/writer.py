@@ -24,6 +24,7 @@ from tokentrace.analyzer.engine_steps import EngineStep
 from tokentrace.analyzer.spans import Span
 from tokentrace.analyzer.summary import COLUMNS, RequestSummary
 from tokentrace.collector import itl_hist
+from tokentrace.collector.itl_rollup import rollup_table
 from tokentrace.collector.stored import StoredRows, leave_out_engine_data, stored_until_ns
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 
@@ -737,6 +738,14 @@ class Writer:
                 {"seq": seq},
             )
             conn.unregister("_new_hist")
+            # the same histograms summed per minute and slice, in the same transaction
+            conn.register("_new_rollup", rollup_table(requests, counts))
+            conn.execute(
+                "INSERT INTO itl_rollup (minute_ns, service, model, tenant, traffic_class, "
+                "requests, counts, commit_seq) SELECT *, $seq FROM _new_rollup",
+                {"seq": seq},
+            )
+            conn.unregister("_new_rollup")
         if spans:
             conn.register("_new_spans", pa.table(_span_rows(spans)))
             names = ", ".join(SPAN_COLUMNS)

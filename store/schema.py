@@ -36,6 +36,14 @@ unmatched_traces
     no engine step): its root span's name and span count, for the report's coverage.
 store_identity
     One row: this file's random `store_id`, its name in a lake's ledger.
+itl_rollup
+    Per minute of request starts (`minute_ns`, unix ns of the minute), service, model,
+    tenant and traffic class, and writer transaction: how many `requests` started then and
+    the sum of their `itl_hist` counts.  Written with the rows it sums, so a report's ITL
+    histogram reads a few rows a minute instead of every request's 119 counts.  A report
+    uses a minute's rows only where their `requests` equal the stored requests of that
+    minute (tokentrace.analyzer.itl_window): rows stored before schema 6, or a minute that
+    retention has cut, are read from `itl_hist` as before.
 commit_log
     One row per writer transaction (`seq`, `committed_ns`, `wal_from`).  Every data
     row carries the `commit_seq` of the transaction that wrote it (NULL: written
@@ -53,14 +61,21 @@ import duckdb
 
 from tokentrace.store.errors import StoreError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 #: The tables of data rows, each stamped with the writer's `commit_seq` (migration 5): what
 #: a shard moves into the lake (docs/scale-out.md) and retention deletes.
 DATA_TABLES: tuple[str, ...] = (
     "requests", "itl_hist", "spans", "kept_traces", "engine_steps", "gpu_samples",
-    "engine_starts", "unmatched_traces",
+    "engine_starts", "unmatched_traces", "itl_rollup",
 )  # fmt: skip
+
+#: The data tables of schema 5, which migration 5 stamped with `commit_seq` (a table made
+#: later is made with the column).
+_DATA_TABLES_5 = DATA_TABLES[:8]
+
+#: Seconds of request starts one `itl_rollup` row sums.
+ROLLUP_NS = 60 * 10**9
 
 #: Upper bounds (ms) of the inter-token-gap histogram buckets: log-spaced with
 #: ~12 % resolution from 0.1 ms to ~60 s; one more bucket holds anything above.
@@ -234,7 +249,7 @@ _MIGRATIONS: dict[int, list[str]] = {
         # Which writer transaction wrote each row: the lake's movers take ranges of it, and a
         # range moved twice is recognised by it (docs/scale-out.md).  Appended as a constant
         # per transaction, so the hot insert path pays one column.  NULL for older rows.
-        *(f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS commit_seq BIGINT" for t in DATA_TABLES),
+        *(f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS commit_seq BIGINT" for t in _DATA_TABLES_5),
         """
         CREATE TABLE IF NOT EXISTS commit_log (
             seq BIGINT NOT NULL,
@@ -249,6 +264,24 @@ _MIGRATIONS: dict[int, list[str]] = {
         "CREATE TABLE IF NOT EXISTS store_identity (store_id VARCHAR NOT NULL)",
         "INSERT INTO store_identity SELECT uuid()::VARCHAR"
         " WHERE NOT EXISTS (SELECT 1 FROM store_identity)",
+    ],
+    6: [
+        # The ITL histogram per minute and slice, summed as it is written: a report over
+        # 10 M requests reads ~1 row per writer commit and slice, not 10 M lists of 119
+        # counts (1.5 s).  Rows of older files are not summed here: the report reads their
+        # minutes from itl_hist (see the table's description above).
+        """
+        CREATE TABLE IF NOT EXISTS itl_rollup (
+            minute_ns BIGINT NOT NULL,
+            service VARCHAR NOT NULL,
+            model VARCHAR NOT NULL,
+            tenant VARCHAR NOT NULL,
+            traffic_class VARCHAR NOT NULL,
+            requests BIGINT NOT NULL,
+            counts BIGINT[] NOT NULL,
+            commit_seq BIGINT
+        )
+        """,
     ],
 }
 

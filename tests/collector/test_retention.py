@@ -211,11 +211,13 @@ def test_a_pass_deletes_old_rows_of_every_table_and_keeps_new_ones(
 
     after = _counts(live, cutoff)
     assert after["spans"] == (1, before["spans"][1])  # only the straddling trace's old span stays
-    for table in ("requests", "itl_hist", "engine_steps", "gpu_samples", "engine_starts", "unmatched_traces",
-                  "commit_log"):
+    for table in ("requests", "itl_hist", "itl_rollup", "engine_steps", "gpu_samples", "engine_starts",
+                  "unmatched_traces", "commit_log"):
         assert after[table] == (0, before[table][1]), (table, before, after)  # old gone, new all here
     # kept_traces go by their trace (old traces are decided now): by trace id below
     assert deleted["requests"] == 3 and deleted["itl_hist"] == 3
+    # the old requests' minutes (one rollup row per minute and writer transaction)
+    assert 1 <= deleted["itl_rollup"] <= 3
     assert deleted["spans"] == 3 * 6 and deleted["kept_traces"] == 4  # 3 old traces + the orphan row
     assert deleted["engine_steps"] == 2 and deleted["gpu_samples"] == 2
     assert deleted["engine_starts"] == 1 and deleted["unmatched_traces"] == 1
@@ -228,7 +230,8 @@ def test_a_pass_deletes_old_rows_of_every_table_and_keeps_new_ones(
     }
     assert spans_before[straddling] == 7
     assert any(
-        "retention: deleted 35 rows" in r.getMessage() and "requests 3" in r.getMessage() for r in caplog.records
+        f"retention: deleted {35 + deleted['itl_rollup']} rows" in r.getMessage() and "requests 3" in r.getMessage()
+        for r in caplog.records
     ), [r.getMessage() for r in caplog.records]
     assert retention.run_pass() == {t.table: 0 for t in TABLES}  # idempotent
 
