@@ -28,10 +28,15 @@ def _grows_with_prompt(r: dict[str, Any], corr: float | None) -> bool:
 
 
 def detect(ctx: Context) -> Finding | None:
+    # the share of the wait that is prefill decides first, from sums: most windows wait on
+    # the queue or the wire, and the medians (diag_prefill) read every request's TTFT
+    first = ctx.one("diag_prefill_share")
+    if int(first.get("n") or 0) < MIN_REQUESTS:
+        return None
+    if (first["prefill_share_of_ttft"] or 0.0) < MIN_PREFILL_SHARE_OF_TTFT:
+        return None
     r = ctx.one("diag_prefill")
     n = int(r.get("n") or 0)
-    if n < MIN_REQUESTS:
-        return None
     ttft, tpot = r["ttft_p50"] or 0.0, r["tpot_p50"]
     share = r["prefill_share_of_ttft"] or 0.0
     if ttft < MIN_TTFT_MS or share < MIN_PREFILL_SHARE_OF_TTFT:

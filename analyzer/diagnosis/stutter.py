@@ -70,14 +70,17 @@ def detect(ctx: Context) -> Finding | None:
 def _stalls(ctx: Context) -> Finding | None:
     """Gives the finding where streams froze: gaps far above each stream's median, beside
     large prefills of their engine, or long enough to be stutter without a known cause."""
-    r = ctx.one("diag_stutter")
-    n = int(r.get("n") or 0)
+    # the counts decide first: most windows have too few frozen streams, and the medians
+    # (diag_stutter) read every stream
+    counts = ctx.one("diag_stutter_streams")
+    n = int(counts.get("n") or 0)
     if n < MIN_STREAMS:
         return None
-    stalled = int(r["stalled"] or 0)
+    stalled = int(counts["stalled"] or 0)
     frac = stalled / n
     if frac < MIN_STALLED_FRACTION:
         return None
+    r = ctx.one("diag_stutter")
     evidence = [
         ev(
             f"{pct(frac)} of streams froze at least once (a gap > {STALL_FACTOR:.0f}× the stream's "

@@ -1,7 +1,6 @@
--- Streams that froze: a gap far above the stream's own median (stall_count > 0).
+-- How the window's streams froze, where diag_stutter_streams found enough of them frozen
+-- (stall_count > 0): the typical gap, and the frozen streams' longest gaps.
 SELECT
-    count(*)                                                    AS n,
-    count(*) FILTER (WHERE stall_count > 0)                     AS stalled,
     median(itl_p50_ms)                                          AS itl_p50,
     quantile_cont(itl_max_ms, 0.95)                             AS itl_max_p95,
     median(itl_max_ms) FILTER (WHERE stall_count > 0)           AS stalled_max_p50,
