@@ -10,7 +10,13 @@ from functools import cache
 from importlib import resources
 
 #: Files of CTEs that queries include rather than copy (see `include`).
-SHARED = ("request_engines", "batch_in_flight", "heavy_in_flight", "cold_requests")
+SHARED = (
+    "request_engines",
+    "batch_in_flight",
+    "heavy_in_flight",
+    "cold_requests",
+    "first_token_waits",
+)
 
 
 def _read(name: str) -> str:
