@@ -129,6 +129,9 @@ FROM range(3600) t(i)
 
 def build_db(path: Path, n: int) -> None:
     conn = open_db(path)
+    # the collector's memory limit is for a long-running process beside others; a bulk build
+    # of 10 M rows (the rollup's join and 120 sums) needs more
+    conn.execute("SET memory_limit = '8GB'")
     try:
         sums = ", ".join(f"sum(h.counts[{i}])" for i in range(1, N_BUCKETS + 1))
         fmt = {"t0": T0_NS, "hour": HOUR_NS, "n": n, "nb": N_BUCKETS, "sums": sums}
