@@ -74,15 +74,20 @@ def _load_driven(tiny: dict[str, Any], rest: dict[str, Any]) -> bool:
 
 
 def detect(ctx: Context) -> Finding | None:
-    rows = {r["tiny"]: r for r in ctx.query("diag_tiny_prompts", [MAX_TINY_TOKENS])}
-    tiny = rows.get(True)
-    if not tiny or tiny["n"] < MIN_TINY:
+    # the tiny prompts' two medians decide first: most windows stop there, and the rest of
+    # the figures (diag_tiny_prompts) read every request
+    first = ctx.one("diag_tiny_prompts_share", [MAX_TINY_TOKENS])
+    if int(first.get("n") or 0) < MIN_TINY:
         return None
-    share = tiny["overhead_share"] or 0.0
-    overhead = tiny["overhead_p50"] or 0.0
+    share = first["overhead_share"] or 0.0
+    overhead = first["overhead_p50"] or 0.0
     if share < MIN_OVERHEAD_SHARE or overhead < MIN_OVERHEAD_MS:
         return None
-    cut = int(tiny["cut_tokens"])
+    cut = int(first["cut_tokens"])
+    rows = {r["tiny"]: r for r in ctx.query("diag_tiny_prompts", [cut])}
+    tiny = rows.get(True)
+    if not tiny:  # gone since the check (a live store's retention)
+        return None
     # where the time goes, on one statistic: the sums over the tiny requests that spend at
     # least half their wait for the first token on network + queue (the requests the median
     # share speaks of); network + queue + compute is their wait, so the evidence adds up
