@@ -362,13 +362,14 @@ def main() -> None:
     ap.add_argument(
         "--sorted",
         action="store_true",
-        help="the lake sorts requests and spans by trace id in each file",
+        help="sort requests, spans and kept_traces by trace id in each file, instead of the"
+        " lake's own order (store/lake/catalog.py SORTED_BY)",
     )
     ap.add_argument(
         "--row-group-rows",
         type=int,
         default=0,
-        help="Parquet row groups of the lake's requests and spans (0: the lake's own, 16,384)",
+        help="Parquet row groups of the lake's requests, spans and engine steps (0: the lake's own, 16,384)",
     )
     args = ap.parse_args()
     print("(figures are of this machine as it was: shared with other work, so compare ratios)")

@@ -21,6 +21,13 @@ class StatementRecorder:
         self.statements.append((sql, list(params or [])))
         return self._cur.execute(sql, params or [])
 
+    def cursor(self) -> StatementRecorder:
+        """A new cursor of the same database whose statements are recorded here too (a page
+        runs its independent statements at once, each on a cursor of its own)."""
+        sibling = StatementRecorder(self._cur.cursor())
+        sibling.statements = self.statements  # appends from several threads: one list
+        return sibling
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cur, name)
 

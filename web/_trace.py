@@ -17,6 +17,7 @@ from tokentrace.web import queries
 from tokentrace.web._db import fetch_dicts, time_limit
 from tokentrace.web._long_values import bounded_attributes
 from tokentrace.web._params import ParamError
+from tokentrace.web._reads import SideBySide, side_by_side
 from tokentrace.web._timeline import as_span, build_timeline, client_chunk_times_ns, token_times_ns
 
 #: Most spans one trace view loads; a bigger trace shows its first SPAN_CAP and says so.
@@ -354,9 +355,9 @@ def _shared_requests(
     )
 
 
-def _request_view(
-    cur: duckdb.DuckDBPyConnection, request: dict[str, Any], spans: list[dict[str, Any]]
-) -> dict[str, Any]:
+def _request_window(request: dict[str, Any], spans: list[dict[str, Any]]) -> dict[str, Any]:
+    """Gives the request's spans (its request span, its client span) and the window its
+    timeline covers: its own lifetime, widened to those spans'."""
     req_span = _request_span(spans, request)
     client = _client_span(spans, request, req_span)
     start = int(request["start_ns"])
@@ -365,18 +366,48 @@ def _request_view(
         start, end = min(start, req_span["start_ns"]), max(end, req_span["end_ns"])
     if client is not None:
         start, end = min(start, client["start_ns"]), max(end, client["end_ns"])
+    return {"request_span": req_span, "client": client, "start": start, "end": end}
+
+
+def _engine_reads(
+    cur: duckdb.DuckDBPyConnection, request: dict[str, Any], start: int, end: int
+) -> tuple[list[dict[str, Any]], bool, list[dict[str, Any]], bool]:
+    """Gives the request's engine steps (and a truncated flag), then the requests that shared
+    them (and theirs): the second read needs the first's steps."""
     service, instance = request.get("service") or "", request.get("instance") or ""
+    steps, steps_truncated = fetch_dicts(
+        cur,
+        queries.load("trace_engine_steps"),
+        [request["request_id"], start, end, service, instance, start - STEP_LOOKBACK_NS],
+        cap=20_000,
+    )
     with time_limit(cur):
-        steps, steps_truncated = fetch_dicts(
-            cur,
-            queries.load("trace_engine_steps"),
-            [request["request_id"], start, end, service, instance, start - STEP_LOOKBACK_NS],
-            cap=20_000,
-        )
-        gpu, _ = fetch_dicts(
-            cur, queries.load("trace_gpu_samples"), [start, end, service], cap=5000
-        )
         shared, shared_truncated = _shared_requests(cur, request["request_id"], steps, start, end)
+    return steps, steps_truncated, shared, shared_truncated
+
+
+def _gpu_samples(
+    cur: duckdb.DuckDBPyConnection, request: dict[str, Any], start: int, end: int
+) -> list[dict[str, Any]]:
+    """Gives the GPU samples of the request's service in its window."""
+    rows, _ = fetch_dicts(
+        cur, queries.load("trace_gpu_samples"), [start, end, request.get("service") or ""], cap=5000
+    )
+    return rows
+
+
+def _request_view(
+    reads: SideBySide, request: dict[str, Any], spans: list[dict[str, Any]]
+) -> dict[str, Any]:
+    window = _request_window(request, spans)
+    req_span, client = window["request_span"], window["client"]
+    start, end = window["start"], window["end"]
+    # the GPU samples and the engine steps (then their shared requests) at once: over a lake
+    # each read is mostly the catalog's round trips, so side by side they cost the longer one
+    gpu_read = reads.submit(_gpu_samples, request, start, end)
+    engine_read = reads.submit(_engine_reads, request, start, end)
+    gpu = gpu_read.result()
+    steps, steps_truncated, shared, shared_truncated = engine_read.result()
     tokens = token_times_ns(req_span)
     chunks = client_chunk_times_ns(client)
     token_times = _token_times(spans, request, req_span, tokens, chunks)
@@ -403,23 +434,40 @@ def _request_view(
     }
 
 
-def trace_data(cur: duckdb.DuckDBPyConnection, trace_id: str) -> dict[str, Any]:
-    """Gives everything the trace view shows for one trace; raises TraceNotFound."""
-    requests, requests_truncated = fetch_dicts(
-        cur,
-        "SELECT * FROM requests WHERE trace_id = ? ORDER BY start_ns, request_id",
-        [trace_id],
-        cap=REQUEST_CAP,
-    )
-    spans, spans_truncated = load_spans(cur, trace_id)
-    if not requests and not spans:
-        raise TraceNotFound(f"no request or span with trace id {trace_id}")
-    kept, _ = fetch_dicts(
+def _kept(cur: duckdb.DuckDBPyConnection, trace_id: str) -> list[dict[str, Any]]:
+    rows, _ = fetch_dicts(
         cur,
         "SELECT reason, weight, decided_ns, span_count FROM kept_traces WHERE trace_id = ?",
         [trace_id],
         cap=10,
     )
+    return rows
+
+
+def _requests(cur: duckdb.DuckDBPyConnection, trace_id: str) -> tuple[list[dict[str, Any]], bool]:
+    return fetch_dicts(
+        cur,
+        "SELECT * FROM requests WHERE trace_id = ? ORDER BY start_ns, request_id",
+        [trace_id],
+        cap=REQUEST_CAP,
+    )
+
+
+def trace_data(cur: duckdb.DuckDBPyConnection, trace_id: str) -> dict[str, Any]:
+    """Gives everything the trace view shows for one trace; raises TraceNotFound.
+
+    The reads that do not wait for each other run at once (`_reads.side_by_side`): the three
+    look-ups by trace id, then each request's GPU samples beside its engine steps."""
+    with side_by_side(cur) as reads:
+        requests_read = reads.submit(_requests, trace_id)
+        spans_read = reads.submit(load_spans, trace_id)
+        kept_read = reads.submit(_kept, trace_id)
+        requests, requests_truncated = requests_read.result()
+        spans, spans_truncated = spans_read.result()
+        kept = kept_read.result()
+        if not requests and not spans:
+            raise TraceNotFound(f"no request or span with trace id {trace_id}")
+        views = [_request_view(reads, r, spans) for r in requests]
     starts = [s["start_ns"] for s in spans] + [int(r["start_ns"]) for r in requests]
     ends = [s["end_ns"] for s in spans] + [
         int(r["start_ns"]) + int(float(r["e2e_ms"] or 0) * 1e6) for r in requests
@@ -433,6 +481,6 @@ def trace_data(cur: duckdb.DuckDBPyConnection, trace_id: str) -> dict[str, Any]:
         "spans": waterfall(spans, t0, t1, trace_id),
         "span_count": len(spans),
         "spans_truncated": spans_truncated,
-        "requests": [_request_view(cur, r, spans) for r in requests],
+        "requests": views,
         "requests_truncated": requests_truncated,
     }

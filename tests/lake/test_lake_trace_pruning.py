@@ -22,11 +22,13 @@ from tokentrace.store.lake.catalog import (
     BY_TRACE,
     ROW_GROUP_ROWS,
     SMALL_ROW_GROUPS,
+    SORTED_BY,
     TRACE_BUCKETS,
     attach,
 )
 from tokentrace.store.reader import LakeAddress, StoreReader
 from tokentrace.web import _trace
+from tokentrace.web._reads import WIDTH
 from tokentrace.web.app import _steps_of_trace
 
 pytestmark = pytest.mark.slow
@@ -135,7 +137,146 @@ def test_the_lake_is_laid_out_for_trace_pages(lake: tuple[str, str]) -> None:
             " WHERE option_name = 'parquet_row_group_size' ORDER BY 1",
             [ALIAS],
         ).fetchall()
+        sorted_by = conn.execute(
+            f"SELECT t.table_name, e.expression FROM {meta}.ducklake_sort_expression e"  # noqa: S608
+            f" JOIN {meta}.ducklake_sort_info i USING (sort_id, table_id)"
+            f" JOIN {meta}.ducklake_table t USING (table_id)"
+            " WHERE i.end_snapshot IS NULL AND t.end_snapshot IS NULL ORDER BY 1"
+        ).fetchall()
     finally:
         conn.close()
     assert [t for (t,) in partitioned] == sorted(BY_TRACE) == ["kept_traces", "requests", "spans"]
     assert row_groups == [(f"main.{t}", str(ROW_GROUP_ROWS)) for t in sorted(SMALL_ROW_GROUPS)]
+    assert "engine_steps" in SMALL_ROW_GROUPS
+    # the tables read by a time window sorted by that time in every file written, spans by id
+    assert (
+        [(t, e.strip('"')) for t, e in sorted_by]
+        == sorted(SORTED_BY.items())
+        == [
+            ("engine_steps", "start_ns"),
+            ("gpu_samples", "ts_ns"),
+            ("requests", "start_ns"),
+            ("spans", "trace_id"),
+        ]
+    )
+
+
+#: The rows `_write_interleaved_moves` writes: requests, and engine steps (a step every 10 ms).
+REQUESTS = 20_000
+STEPS = 40_000
+STEP_NS = 10_000_000
+
+#: One move's requests and steps: every `moves`-th row from `k`, so each move spans all of the
+#: time, as the moves of several shards (and of several engines' steps) do.
+INTERLEAVED_SQL = (
+    MOVE_SQL[0].replace("range($lo, $hi)", "range($k, $requests, $moves)"),
+    """INSERT INTO lake.engine_steps BY NAME SELECT 'llm' AS service, 'pod-0' AS instance,
+       $t0 + s * $step_ns AS start_ns, 900 AS duration_us, ['req-' || s] AS request_ids,
+       $seq AS commit_seq FROM range($k, $steps, $moves) t(s)""",
+)
+
+
+def _write_interleaved_moves(uri: str, data: str, moves: int) -> None:
+    """Writes REQUESTS requests and STEPS engine steps in `moves` moves of interleaved times,
+    then compacts the lake as a shard's upkeep does (`ducklake_merge_adjacent_files`)."""
+    conn = duckdb.connect()
+    try:
+        attach(conn, uri, data)
+        conn.execute(f"CALL {ALIAS}.set_option('data_inlining_row_limit', 0)")
+        values = {"$t0": T0, "$step_ns": STEP_NS, "$requests": REQUESTS, "$steps": STEPS}
+        for k in range(moves):
+            for sql in INTERLEAVED_SQL:
+                for name, value in {**values, "$k": k, "$moves": moves, "$seq": k + 1}.items():
+                    sql = sql.replace(name, str(value))
+                conn.execute(sql)
+        conn.execute(f"CALL ducklake_merge_adjacent_files('{ALIAS}')").fetchall()
+    finally:
+        conn.close()
+
+
+def test_a_compacted_lake_keeps_the_tables_read_by_time_in_time_order(
+    lake: tuple[str, str],
+) -> None:
+    """Moves that each span all of the time, merged: every file of `requests` (one per trace-id
+    bucket) and of `engine_steps` holds its rows in start_ns order, so a time window (a
+    request's engine steps, the requests that shared them) reads the row groups around it.
+    Merged unsorted, a 2 M-request lake's row groups each spanned hours: the shared requests'
+    10-minute window read every row group of every file."""
+    uri, data = lake
+    _write_interleaved_moves(uri, data, moves=4)
+    conn = duckdb.connect()
+    try:
+        attach(conn, uri, data, read_only=True)
+        files = {
+            table: [
+                f
+                for (f,) in conn.execute(
+                    "SELECT data_file FROM ducklake_list_files(?, ?)", [ALIAS, table]
+                ).fetchall()
+            ]
+            for table in ("requests", "engine_steps")
+        }
+        out_of_order = {
+            f: conn.execute(
+                "SELECT count(*) FROM (SELECT start_ns < lag(start_ns) OVER (ORDER BY file_row_number)"
+                " AS back FROM read_parquet(?, file_row_number = true)) WHERE back",
+                [f],
+            ).fetchone()
+            for fs in files.values()
+            for f in fs
+        }
+        [step_file] = files["engine_steps"]
+        row_groups = conn.execute(
+            "SELECT DISTINCT row_group_id, row_group_num_rows FROM parquet_metadata(?) ORDER BY 1",
+            [step_file],
+        ).fetchall()
+    finally:
+        conn.close()
+    assert len(files["requests"]) == TRACE_BUCKETS  # merged: one file per bucket
+    assert all(n == (0,) for n in out_of_order.values()), out_of_order
+    assert [rows for _, rows in row_groups] == [
+        ROW_GROUP_ROWS,
+        ROW_GROUP_ROWS,
+        STEPS - 2 * ROW_GROUP_ROWS,
+    ]
+
+
+def _catalog_queries(err: str) -> list[str]:
+    """The statements DuckLake sent its PostgreSQL catalog (`pg_debug_show_queries` prints
+    each, a blank line after it), one per round trip."""
+    return [
+        q.strip() for q in err.split("\n\n") if q.strip().startswith(("BEGIN", "COPY", "COMMIT"))
+    ]
+
+
+def test_a_trace_page_asks_the_catalog_in_few_round_trips(
+    lake: tuple[str, str], capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Each statement over the lake costs its round trips to the catalog before it reads a
+    byte: a transaction of its own (begin, the newest snapshot, commit), then its table's files
+    and statistics.  The trace page runs its statements in one transaction per cursor, and a
+    still-empty table (`gpu_samples` here) has statistics from its creation, so DuckLake does not
+    ask for them again for each column at each scan."""
+    uri, data = lake
+    _write_moves(uri, data)
+    trace_id = "c4ca4238a0b923820dcc509a6f75849b"
+    reader = StoreReader(lake=LakeAddress(uri, data))
+    try:
+        with reader.cursor() as cur:
+            _trace.trace_data(cur, trace_id)  # the first page: plans, the Parquet footers
+            cur.execute("SET GLOBAL pg_debug_show_queries = true")
+        capfd.readouterr()
+        with reader.cursor() as cur:
+            data_of_page = _trace.trace_data(cur, trace_id)
+            cur.execute("SET GLOBAL pg_debug_show_queries = false")
+        asked = _catalog_queries(capfd.readouterr().err)
+    finally:
+        reader.close()
+    assert data_of_page["requests"][0]["engine_steps"]["served"] == 1
+    transactions = [q for q in asked if q.startswith("BEGIN")]
+    table_stats = [q for q in asked if "ducklake_table_stats" in q]
+    # the reader's `USE lake`, then one per cursor of the page (7 when each statement had its own)
+    assert len(transactions) <= 1 + WIDTH, asked
+    # none asked again (20 when the empty gpu_samples had no statistics: 86 round trips in all)
+    assert len(table_stats) <= 2, table_stats
+    assert len(asked) <= 50, asked
