@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -47,6 +47,7 @@ class SideBySide:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._cursors: list[duckdb.DuckDBPyConnection] = []
+        self._reads: list[Future[Any]] = []
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         """Gives this worker thread's cursor, made (and pointed at the page's database) once."""
@@ -63,17 +64,27 @@ class SideBySide:
     def submit(self, read: Callable[..., _T], *args: Any) -> Future[_T]:
         """Starts `read(cursor, *args)` on a cursor of its own; its result (or error) is the
         future's."""
-        return self._pool.submit(lambda: read(self._cursor(), *args))
+        started = self._pool.submit(lambda: read(self._cursor(), *args))
+        self._reads.append(started)
+        return started
 
     def close(self) -> None:
-        """Waits for the reads still running, then ends every cursor's transaction."""
+        """Waits for the reads still running, then ends every cursor's transaction, all at once
+        (over a lake each end is a round trip to the catalog)."""
+        wait(self._reads)  # a page that failed may leave reads running: not two uses of a cursor
+        ends = [self._pool.submit(_end, cur) for cur in self._cursors]
         self._pool.shutdown(wait=True)
-        for cur in self._cursors:
-            try:
-                cur.execute("COMMIT")  # a read transaction: nothing to keep, nothing to lose
-            except duckdb.Error:
-                pass  # interrupted (a time limit) or already rolled back: closing ends it
-            cur.close()
+        for end in ends:
+            end.result()
+
+
+def _end(cur: duckdb.DuckDBPyConnection) -> None:
+    """Ends a cursor's read transaction and closes it."""
+    try:
+        cur.execute("COMMIT")  # a read transaction: nothing to keep, nothing to lose
+    except duckdb.Error:
+        pass  # interrupted (a time limit) or already rolled back: closing ends it
+    cur.close()
 
 
 @contextmanager
