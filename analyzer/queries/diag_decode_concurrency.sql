@@ -12,26 +12,44 @@ WITH streams AS MATERIALIZED (
     WHERE tpot_ms IS NOT NULL AND ttft_ms IS NOT NULL AND output_tokens >= 3
     USING SAMPLE reservoir(4000 ROWS) REPEATABLE (7)
 ),
--- every request's start (+1) and end (-1) of computing, and the streams' middles (0), in
--- time order: the running sum at a middle is how many were computing then.  One sort of
--- the window's edges (1 M requests: ~0.5 s on two cores); a range join of the middles
--- against the requests' spans pairs each stream with everything in flight (~13 s).
+-- every request's start (+1) and end (-1) of computing
 edges AS (
-    SELECT start_ns + CAST((ttft_ms - prefill_ms) * 1e6 AS BIGINT) AS at_ns, 1 AS step,
-           NULL::BIGINT AS stream, NULL::DOUBLE AS tpot_ms
+    SELECT start_ns + CAST((ttft_ms - prefill_ms) * 1e6 AS BIGINT) AS at_ns, 1::TINYINT AS step
     FROM req WHERE ttft_ms IS NOT NULL
     UNION ALL
-    SELECT start_ns + CAST((ttft_ms + decode_ms) * 1e6 AS BIGINT), -1, NULL, NULL
+    SELECT start_ns + CAST((ttft_ms + decode_ms) * 1e6 AS BIGINT), -1::TINYINT
     FROM req WHERE ttft_ms IS NOT NULL
-    UNION ALL
-    SELECT mid_ns, 0, stream, tpot_ms FROM streams
+),
+-- How many were computing at a middle: the starts before it less the ends at or before
+-- it (a start at that very instant is not yet computing, an end is done).  Counted per
+-- second of the window (a running sum over the seconds), then within the middle's own
+-- second (a hash join on the second): the same counts as a running sum over every edge
+-- and middle in time order, which sorted twice the window's requests (4.4 CPU-s at 10 M
+-- requests, this 1.5); a range join of the middles against the requests' spans pairs each
+-- stream with everything in flight (~13 s at 1 M).
+per_second AS (
+    SELECT second, sum(net) AS net FROM (
+        SELECT at_ns // 1000000000 AS second, sum(step) AS net FROM edges GROUP BY ALL
+        UNION ALL
+        SELECT DISTINCT mid_ns // 1000000000, 0 FROM streams
+    )
+    GROUP BY second
+),
+before AS (
+    SELECT second,
+           coalesce(sum(net) OVER (ORDER BY second ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS net
+    FROM per_second
+),
+inside AS (
+    SELECT s.stream, sum(e.step) AS net
+    FROM streams s JOIN edges e ON e.at_ns // 1000000000 = s.mid_ns // 1000000000
+    WHERE e.at_ns < s.mid_ns OR (e.step = -1 AND e.at_ns = s.mid_ns)
+    GROUP BY s.stream
 ),
 beside AS (
-    SELECT stream, tpot_ms, running FROM (
-        SELECT stream, tpot_ms, sum(step) OVER (ORDER BY at_ns, step ROWS UNBOUNDED PRECEDING) AS running
-        FROM edges
-    )
-    WHERE stream IS NOT NULL
+    SELECT s.stream, s.tpot_ms, b.net + coalesce(i.net, 0) AS running
+    FROM streams s JOIN before b ON b.second = s.mid_ns // 1000000000
+    LEFT JOIN inside i ON i.stream = s.stream
 ),
 q AS (SELECT quantile_disc(running, 0.25) AS lo, quantile_disc(running, 0.75) AS hi FROM beside)
 SELECT

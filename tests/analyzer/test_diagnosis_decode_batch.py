@@ -11,11 +11,15 @@ from __future__ import annotations
 import random
 from collections import deque
 
+import duckdb
 import pytest
 
+from tokentrace.analyzer import queries
 from tokentrace.analyzer.buckets import NS_PER_MS
 from tokentrace.analyzer.diagnosis import decode_batch
+from tokentrace.analyzer.diagnosis._base import compose
 from tokentrace.analyzer.engine_steps import EngineStep
+from tokentrace.analyzer.filters import Filters
 from tokentrace.analyzer.report import build_report
 
 from . import workloads
@@ -159,3 +163,73 @@ def test_batch_jobs_that_fill_the_batch_stay_batch_mode(write_workload) -> None:
     found = build_report(write_workload(workloads.batch_slows_decode()))["findings"]
     assert found and found[0]["complaint"] == "batch_mode_breaks_live", found
     assert all(f["title"] != decode_batch.TITLE for f in found), [f["title"] for f in found]
+
+
+#: diag_decode_concurrency as it first counted: every request's start (+1) and end (-1) of
+#: computing and the streams' middles (0) in time order, the running sum at a middle (one
+#: sort of twice the window's requests).  The query now counts per second and within the
+#: middle's own second; the figures must be the same.
+_RUNNING_IN_TIME_ORDER = """
+WITH streams AS (
+    SELECT row_number() OVER () AS stream, tpot_ms,
+           start_ns + CAST((ttft_ms + decode_ms / 2) * 1e6 AS BIGINT) AS mid_ns
+    FROM requests WHERE tpot_ms IS NOT NULL AND ttft_ms IS NOT NULL AND output_tokens >= 3
+),
+edges AS (
+    SELECT start_ns + CAST((ttft_ms - prefill_ms) * 1e6 AS BIGINT) AS at_ns, 1 AS step,
+           NULL::BIGINT AS stream, NULL::DOUBLE AS tpot_ms
+    FROM requests WHERE ttft_ms IS NOT NULL
+    UNION ALL
+    SELECT start_ns + CAST((ttft_ms + decode_ms) * 1e6 AS BIGINT), -1, NULL, NULL
+    FROM requests WHERE ttft_ms IS NOT NULL
+    UNION ALL
+    SELECT mid_ns, 0, stream, tpot_ms FROM streams
+),
+beside AS (
+    SELECT stream, tpot_ms, running FROM (
+        SELECT stream, tpot_ms, sum(step) OVER (ORDER BY at_ns, step ROWS UNBOUNDED PRECEDING) AS running
+        FROM edges
+    )
+    WHERE stream IS NOT NULL
+),
+q AS (SELECT quantile_disc(running, 0.25) AS lo, quantile_disc(running, 0.75) AS hi FROM beside)
+SELECT
+    count(*) FILTER (WHERE running <= q.lo), min(running) FILTER (WHERE running <= q.lo),
+    max(running) FILTER (WHERE running <= q.lo), median(tpot_ms) FILTER (WHERE running <= q.lo),
+    count(*) FILTER (WHERE running >= q.hi), min(running) FILTER (WHERE running >= q.hi),
+    max(running) FILTER (WHERE running >= q.hi), median(tpot_ms) FILTER (WHERE running >= q.hi)
+FROM beside, q
+"""
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_concurrency_count_is_the_running_sum_in_time_order(seed: int) -> None:
+    """Requests on a coarse grid of times (quarter seconds), so starts, ends and middles
+    fall on one instant and on a second's edge (a start at a middle's instant is not yet
+    computing, an end is done), some before 0 (where integer division truncates); fewer
+    streams than the query's sample, so it reads them all."""
+    rng = random.Random(seed)
+    conn = duckdb.connect()
+    conn.execute(
+        "CREATE TABLE requests (start_ns BIGINT, ttft_ms DOUBLE, prefill_ms DOUBLE, "
+        "decode_ms DOUBLE, tpot_ms DOUBLE, output_tokens INTEGER)"
+    )
+    t0 = 0 if seed % 2 else T0_NS
+    rows = [
+        (
+            t0 + rng.randint(0, 40) * 250 * NS_PER_MS,
+            rng.choice([None, 0.0, 250.0, 750.0, 1250.0]),
+            rng.choice([0.0, 250.0, 1000.0]),
+            rng.choice([0.0, 500.0, 2000.0]),
+            rng.choice([None, 10.0, 20.0, 40.0]),
+            rng.choice([1, 3, 10]),
+        )
+        for _ in range(rng.randint(50, 400))
+    ]
+    conn.executemany("INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?)", rows)
+    expected = conn.execute(_RUNNING_IN_TIME_ORDER).fetchone()
+    got = conn.execute(
+        compose(Filters().cte()[0], queries.load("diag_decode_concurrency"))
+    ).fetchone()
+    assert expected is not None and expected[0] > 5
+    assert got == expected
