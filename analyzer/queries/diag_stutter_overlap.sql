@@ -10,7 +10,12 @@
 -- Prefills are matched to streams by second (an equality a hash join takes; a join on the
 -- range itself pairs every stream with every prefill of its instance): a stream looks at
 -- the seconds from its decode's start less the longest such prefill to its decode's end.
-WITH placed AS MATERIALIZED (
+-- `placed` is not materialized: `big` and `streams` each read only their requests' columns
+-- (a copy of every request with its ids cost more than the rest of the query), and the
+-- stream sample, drawn on the table's scan, is the same from run to run (drawn on a
+-- materialized copy, it changed with the threads' order).  A stream meets a prefill in one
+-- second at most (the prefill's start), so the pairs need no DISTINCT.
+WITH placed AS NOT MATERIALIZED (
     SELECT trace_id, request_id, service, instance, prompt_tokens, prefill_ms,
            itl_p50_ms IS NOT NULL AND output_tokens >= 3 AS stream,
            coalesce(stall_count, 0) > 0 AS stalled,
@@ -38,7 +43,7 @@ stream_second AS (
     FROM streams
 ),
 pairs AS (
-    SELECT DISTINCT s.trace_id, s.request_id, s.stalled,
+    SELECT s.trace_id, s.request_id, s.stalled,
            b.trace_id AS b_trace, b.request_id AS b_request, b.prefill_ms, b.prompt_tokens
     FROM stream_second s JOIN big b
         ON b.service = s.service AND b.instance = s.instance AND b.second = s.second
