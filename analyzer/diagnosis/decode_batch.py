@@ -102,17 +102,27 @@ def _from_steps(ctx: Context, s: dict[str, Any]) -> Finding | None:
     small_batches = _batches(s["small_batch_min"], s["small_batch_max"])
     large_batches = _batches(s["large_batch_min"], s["large_batch_max"])
     slope = s["ms_per_sequence"]
-    per_sequence = f": each sequence in the batch adds about {slope:.1f} ms to a step" if slope and slope > 0 else ""
+    per_sequence = (
+        f": each sequence in the batch adds about {slope:.1f} ms to a step"
+        if slope and slope > 0
+        else ""
+    )
     evidence = [
         ev(
             f"decode steps take {ms(small)} at batch {small_batches} vs {ms(large)} at batch {large_batches} "
             f"({ratio:.1f}×; medians of {s['small_steps']} and {s['large_steps']} steps that prefilled "
             f"nothing){per_sequence}",
-            small_batch_step_p50_ms=small, large_batch_step_p50_ms=large, step_ratio=ratio,
-            small_batch_min=s["small_batch_min"], small_batch_max=s["small_batch_max"],
-            large_batch_min=s["large_batch_min"], large_batch_max=s["large_batch_max"],
-            small_batch_steps=s["small_steps"], large_batch_steps=s["large_steps"],
-            ms_per_sequence=slope, decode_steps=s["steps"],
+            small_batch_step_p50_ms=small,
+            large_batch_step_p50_ms=large,
+            step_ratio=ratio,
+            small_batch_min=s["small_batch_min"],
+            small_batch_max=s["small_batch_max"],
+            large_batch_min=s["large_batch_min"],
+            large_batch_max=s["large_batch_max"],
+            small_batch_steps=s["small_steps"],
+            large_batch_steps=s["large_steps"],
+            ms_per_sequence=slope,
+            decode_steps=s["steps"],
         ),
         _tpot_line(tpot, float(small), f"the {ms(small)} a step takes at batch {small_batches}"),
     ]
@@ -138,12 +148,21 @@ def _from_concurrency(ctx: Context, c: dict[str, Any], tpot: dict[str, Any]) -> 
             f"{ms(large)} vs {ms(small)} with {fewest} ({ratio:.1f}×; TPOT medians of "
             f"{c['large_streams']} and {c['small_streams']} streams); no engine steps were recorded, so the "
             "batch is counted from the requests' own times",
-            small_running_min=c["small_running_min"], small_running_max=c["small_running_max"],
-            large_running_min=c["large_running_min"], large_running_max=c["large_running_max"],
-            small_running_tpot_p50_ms=small, large_running_tpot_p50_ms=large, tpot_ratio=ratio,
-            small_running_streams=c["small_streams"], large_running_streams=c["large_streams"],
+            small_running_min=c["small_running_min"],
+            small_running_max=c["small_running_max"],
+            large_running_min=c["large_running_min"],
+            large_running_max=c["large_running_max"],
+            small_running_tpot_p50_ms=small,
+            large_running_tpot_p50_ms=large,
+            tpot_ratio=ratio,
+            small_running_streams=c["small_streams"],
+            large_running_streams=c["large_streams"],
         ),
-        _tpot_line(tpot, float(small), f"the {ms(small)} of streams decoded while it computed {fewest} at once"),
+        _tpot_line(
+            tpot,
+            float(small),
+            f"the {ms(small)} of streams decoded while it computed {fewest} at once",
+        ),
     ]
     lead = (
         f"Cap the decode batch where streaming speed matters: a stream takes {ms(large)} a token "
@@ -164,18 +183,28 @@ def _tpot_line(tpot: dict[str, Any], unloaded_ms: float, against: str) -> dict[s
     return ev(
         f"streams get a token every {ms(p50)} (TPOT p50), {p50 / unloaded_ms:.1f}× {against}; "
         f"decode is {pct(tpot['decode_share'])} of all E2E time",
-        tpot_p50_ms=p50, unloaded_tpot_ms=unloaded_ms, tpot_stretch=p50 / unloaded_ms,
-        decode_share=tpot["decode_share"], streams=tpot["streams"],
+        tpot_p50_ms=p50,
+        unloaded_tpot_ms=unloaded_ms,
+        tpot_stretch=p50 / unloaded_ms,
+        decode_share=tpot["decode_share"],
+        streams=tpot["streams"],
     )
 
 
 def _finding(
-    ctx: Context, tpot: dict[str, Any], unloaded_ms: float, ratio: float, evidence: list[dict[str, Any]], lead: str
+    ctx: Context,
+    tpot: dict[str, Any],
+    unloaded_ms: float,
+    ratio: float,
+    evidence: list[dict[str, Any]],
+    lead: str,
 ) -> Finding:
     p50 = float(tpot["tpot_p50"])
     stretch = p50 / unloaded_ms
     # the streams the batch stretched past what a reader notices, slowest first
-    affected, examples = ctx.traces(ctx.query("affected_decode_batch", [MIN_TPOT_STRETCH * unloaded_ms]))
+    affected, examples = ctx.traces(
+        ctx.query("affected_decode_batch", [MIN_TPOT_STRETCH * unloaded_ms])
+    )
     strength = (ratio - MIN_STEP_RATIO) + (stretch - MIN_TPOT_STRETCH)
     return Finding(
         COMPLAINT,

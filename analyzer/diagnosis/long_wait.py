@@ -45,20 +45,28 @@ def detect(ctx: Context) -> Finding | None:
         return None
     # requests without a first token, or seen only by their client, are left out: where there
     # are any, the figures are not the window's (the report's tables) and say so
-    whose = "" if n >= ctx.count else f"{n} of {counted(ctx.count, 'request')} (those with a first token the server saw): "
+    whose = (
+        ""
+        if n >= ctx.count
+        else f"{n} of {counted(ctx.count, 'request')} (those with a first token the server saw): "
+    )
     evidence = [
         ev(
             f"{whose}TTFT p50 {ms(ttft)} (p90 {ms(r['ttft_p90'])}), {pct(share)} of it prefill; "
             f"prefill is {pct(r['prefill_share'])} of {'their' if whose else 'all'} E2E time",
-            ttft_p50_ms=ttft, ttft_p90_ms=r["ttft_p90"], prefill_share_of_ttft=share,
-            prefill_share=r["prefill_share"], requests=n,
+            ttft_p50_ms=ttft,
+            ttft_p90_ms=r["ttft_p90"],
+            prefill_share_of_ttft=share,
+            prefill_share=r["prefill_share"],
+            requests=n,
         ),
     ]
     if tpot is not None:
         evidence.append(
             ev(
                 f"after the first token it streams at {ms(tpot)} per token: the wait is {ttft / max(tpot, 1e-9):.0f}× one decode step",
-                tpot_p50_ms=tpot, ttft_per_tpot=ttft / max(tpot, 1e-9),
+                tpot_p50_ms=tpot,
+                ttft_per_tpot=ttft / max(tpot, 1e-9),
             )
         )
     corr = r["prompt_ttft_corr"]
@@ -67,8 +75,10 @@ def detect(ctx: Context) -> Finding | None:
             ev(
                 f"TTFT grows with prompt size: p50 {ms(r['ttft_long_p50'])} for prompts ≥ {r['long_tokens']} "
                 f"tokens vs {ms(r['ttft_short_p50'])} for ≤ {r['short_tokens']} (correlation {corr:.2f})",
-                ttft_long_p50_ms=r["ttft_long_p50"], ttft_short_p50_ms=r["ttft_short_p50"],
-                long_prompt_tokens=r["long_tokens"], short_prompt_tokens=r["short_tokens"],
+                ttft_long_p50_ms=r["ttft_long_p50"],
+                ttft_short_p50_ms=r["ttft_short_p50"],
+                long_prompt_tokens=r["long_tokens"],
+                short_prompt_tokens=r["short_tokens"],
                 prompt_ttft_corr=corr,
             )
         )

@@ -86,8 +86,12 @@ def _stalls(ctx: Context) -> Finding | None:
             f"{pct(frac)} of streams froze at least once (a gap > {STALL_FACTOR:.0f}× the stream's "
             f"median and ≥ {STALL_MIN_MS:.0f} ms); the typical gap is {ms(r['itl_p50'])}, stalled "
             f"streams' longest gap p50 {ms(r['stalled_max_p50'])}",
-            stalled_fraction=frac, streams=n, stalled=stalled, itl_p50_ms=r["itl_p50"],
-            stalled_itl_max_p50_ms=r["stalled_max_p50"], itl_max_p95_ms=r["itl_max_p95"],
+            stalled_fraction=frac,
+            streams=n,
+            stalled=stalled,
+            itl_p50_ms=r["itl_p50"],
+            stalled_itl_max_p50_ms=r["stalled_max_p50"],
+            itl_max_p95_ms=r["itl_max_p95"],
         )
     ]
     strength = (frac - MIN_STALLED_FRACTION) / 0.1
@@ -103,15 +107,21 @@ def _stalls(ctx: Context) -> Finding | None:
             evidence.append(line)
             strength += gain
             if linked:
-                fix_lead = prefill_beside_fix(line.get("prompt_tokens_p50"), line.get("prefill_p50_ms"))
-            elif not line.get("stalled_with_long_prefill") and not line.get("smooth_with_long_prefill"):
+                fix_lead = prefill_beside_fix(
+                    line.get("prompt_tokens_p50"), line.get("prefill_p50_ms")
+                )
+            elif not line.get("stalled_with_long_prefill") and not line.get(
+                "smooth_with_long_prefill"
+            ):
                 # no other request's prefill ran beside any stall: the engine's batching is not
                 # what the evidence points at, so the advice must not lead with it
                 fix_lead = OUTSIDE_ENGINE_FIX
     else:
         large, basis = large_prefill(int(steps["p90"] or 0), int(steps["max"] or 0))
         slack = STEP_CLOCK_SLACK_NS
-        rows = {x["stalled"]: x for x in ctx.query("diag_stutter_steps", [slack, slack, large, lo, hi])}
+        rows = {
+            x["stalled"]: x for x in ctx.query("diag_stutter_steps", [slack, slack, large, lo, hi])
+        }
         s, smooth = rows.get(True), rows.get(False)
         if s and smooth and s["n"] and smooth["n"]:
             fs, fm = s["overlapped"] / s["n"], smooth["overlapped"] / smooth["n"]
@@ -120,8 +130,10 @@ def _stalls(ctx: Context) -> Finding | None:
                     f"{pct(fs)} of stalled streams decoded while their engine ran a step that prefilled "
                     f"≥ {large} tokens (summed over the step's requests; {LARGE_PREFILL_BASIS[basis]}) "
                     f"vs {pct(fm)} of smooth streams",
-                    stalled_with_large_prefill=fs, smooth_with_large_prefill=fm,
-                    large_prefill_tokens=large, large_prefill_basis=basis,
+                    stalled_with_large_prefill=fs,
+                    smooth_with_large_prefill=fm,
+                    large_prefill_tokens=large,
+                    large_prefill_basis=basis,
                 )
             )
             strength += max(0.0, (fs - fm) / 0.3)
@@ -149,7 +161,9 @@ def _prefills_beside(ctx: Context, r: dict[str, Any]) -> tuple[dict[str, Any], f
     the finding's strength, and whether it links the stalls to them; None where no stream
     could be compared."""
     bar = max(STALL_MIN_MS, PREFILL_SHARE_OF_STALL * float(r.get("stalled_max_p50") or 0.0))
-    rows = {x["stalled"]: x for x in ctx.query("diag_stutter_overlap", [bar, MIN_LARGE_PREFILL_TOKENS])}
+    rows = {
+        x["stalled"]: x for x in ctx.query("diag_stutter_overlap", [bar, MIN_LARGE_PREFILL_TOKENS])
+    }
     s, smooth = rows.get(True), rows.get(False)
     if not s or not smooth or not s["n"] or not smooth["n"]:
         return None
@@ -171,8 +185,13 @@ def _prefills_beside(ctx: Context, r: dict[str, Any]) -> tuple[dict[str, Any], f
             "it decoded: the freezes have another cause (the host, the network, the client)"
         )
     line = ev(
-        text, stalled_with_long_prefill=fs, smooth_with_long_prefill=fm, long_prefill_ms=bar,
-        prefills=s["prefills"], prefill_p50_ms=took, prompt_tokens_p50=tokens,
+        text,
+        stalled_with_long_prefill=fs,
+        smooth_with_long_prefill=fm,
+        long_prefill_ms=bar,
+        prefills=s["prefills"],
+        prefill_p50_ms=took,
+        prompt_tokens_p50=tokens,
     )
     return line, max(0.0, (fs - fm) / 0.3), fs - fm >= MIN_PREFILL_LINK
 
@@ -189,7 +208,8 @@ OUTSIDE_ENGINE_FIX = (
 def prefill_beside_fix(prompt_tokens: float | None, prefill_ms: float | None) -> str:
     """Gives the fix when, without engine steps, stalls come with other requests' prefills."""
     what = (
-        f"the ~{prompt_tokens:.0f}-token prompts" if prompt_tokens is not None
+        f"the ~{prompt_tokens:.0f}-token prompts"
+        if prompt_tokens is not None
         else f"the prompts (prefills of ~{ms(prefill_ms)})"
     )
     return (

@@ -69,7 +69,10 @@ def _load_driven(tiny: dict[str, Any], rest: dict[str, Any]) -> bool:
     if (tiny["queue_split_total"] or 0.0) + (rest["queue_split_total"] or 0.0) > 0:
         # the queue is split into scheduler wait and the rest: a slow gateway is not load
         wait = tiny["queue_wait_p50"] or 0.0
-        return wait >= 0.5 * (tiny["queue_p50"] or 0.0) and (rest["queue_wait_p50"] or 0.0) >= LOAD_QUEUE_RATIO * wait
+        return (
+            wait >= 0.5 * (tiny["queue_p50"] or 0.0)
+            and (rest["queue_wait_p50"] or 0.0) >= LOAD_QUEUE_RATIO * wait
+        )
     return (rest["queue_p50"] or 0.0) >= LOAD_QUEUE_RATIO * (tiny["queue_p50"] or 0.0)
 
 
@@ -106,16 +109,23 @@ def detect(ctx: Context) -> Finding | None:
     parts = _queue_parts(tiny, k, queue_mean)
     queue_part = max(parts, key=parts.__getitem__) if parts else None
     lead = "network" if where == "network" else (queue_part or "queue")
-    network_text = f"network {ms(net_mean)}" if tiny["bound_with_network"] else "network not measured"
+    network_text = (
+        f"network {ms(net_mean)}" if tiny["bound_with_network"] else "network not measured"
+    )
     evidence = [
         ev(
             f"for prompts of ≤ {cut} tokens, {k} of {counted(tiny['n'], 'request')} ({pct(k / tiny['n'])}) "
             f"spend at least half their wait for the first token on network + queue (median share "
             f"{pct(share)}; median network + queue {ms(overhead)} of a median {ms(tiny['wait_p50'])} wait, "
             f"median E2E {ms(tiny['e2e_p50'])})",
-            prompt_tokens_max=cut, requests=tiny["n"], overhead_bound_requests=k,
-            overhead_share=share, overhead_p50_ms=overhead, first_token_wait_p50_ms=tiny["wait_p50"],
-            e2e_p50_ms=tiny["e2e_p50"], compute_p50_ms=tiny["compute_p50"],
+            prompt_tokens_max=cut,
+            requests=tiny["n"],
+            overhead_bound_requests=k,
+            overhead_share=share,
+            overhead_p50_ms=overhead,
+            first_token_wait_p50_ms=tiny["wait_p50"],
+            e2e_p50_ms=tiny["e2e_p50"],
+            compute_p50_ms=tiny["compute_p50"],
         ),
         ev(
             (
@@ -126,9 +136,13 @@ def detect(ctx: Context) -> Finding | None:
             + f"{network_text} + queue {ms(queue_mean)} + compute {ms(compute_mean)}"
             + ("" if k == 1 else " (means)")
             + f"; most of it is {where}",
-            where=where, overhead_bound_wait_mean_ms=wait_mean, overhead_bound_network_mean_ms=net_mean,
-            overhead_bound_queue_mean_ms=queue_mean, overhead_bound_compute_mean_ms=compute_mean,
-            network_p50_ms=tiny["network_p50"] or 0.0, queue_p50_ms=tiny["queue_p50"] or 0.0,
+            where=where,
+            overhead_bound_wait_mean_ms=wait_mean,
+            overhead_bound_network_mean_ms=net_mean,
+            overhead_bound_queue_mean_ms=queue_mean,
+            overhead_bound_compute_mean_ms=compute_mean,
+            network_p50_ms=tiny["network_p50"] or 0.0,
+            queue_p50_ms=tiny["queue_p50"] or 0.0,
         ),
     ]
     if parts and queue_mean >= REAL_PART_SHARE * wait_mean:
@@ -138,8 +152,10 @@ def detect(ctx: Context) -> Finding | None:
             ev(
                 f"larger prompts ({counted(rest['n'], 'request')}): median share {pct(rest['overhead_share'])}, "
                 f"median network + queue {ms(rest['overhead_p50'])}, median queue {ms(rest['queue_p50'])}",
-                baseline_overhead_share=rest["overhead_share"], baseline_requests=rest["n"],
-                baseline_overhead_p50_ms=rest["overhead_p50"], baseline_queue_p50_ms=rest["queue_p50"],
+                baseline_overhead_share=rest["overhead_share"],
+                baseline_requests=rest["n"],
+                baseline_overhead_p50_ms=rest["overhead_p50"],
+                baseline_queue_p50_ms=rest["queue_p50"],
             )
         )
     affected, examples = ctx.traces(ctx.query("affected_tiny_prompts_slow", [cut]))
@@ -157,10 +173,15 @@ def detect(ctx: Context) -> Finding | None:
         affected_count=affected.total,
         example_traces=examples,
         fix_lead=FIX_LEAD[lead].format(
-            part=ms(net_mean if lead == "network" else parts.get(lead, queue_mean)), wait=ms(wait_mean)
+            part=ms(net_mean if lead == "network" else parts.get(lead, queue_mean)),
+            wait=ms(wait_mean),
         ),
-        fix_then=fix_then(lead, {"network": net_mean, **_queue_advice_part(parts, queue_mean)}, wait_mean),
-        basis=SCHEDULER_UNCOMPARED if where == "queue" and queue_part == "queue_wait" and not compared else None,
+        fix_then=fix_then(
+            lead, {"network": net_mean, **_queue_advice_part(parts, queue_mean)}, wait_mean
+        ),
+        basis=SCHEDULER_UNCOMPARED
+        if where == "queue" and queue_part == "queue_wait" and not compared
+        else None,
     )
 
 
@@ -172,7 +193,11 @@ def _queue_parts(tiny: dict[str, Any], k: int, queue_mean: float) -> dict[str, f
         return {}
     queue_wait = float(tiny["bound_queue_wait_total"]) / max(k, 1)
     tokenize = float(tiny["bound_tokenize_total"]) / max(k, 1)
-    return {"queue_wait": queue_wait, "tokenize": tokenize, "other": max(0.0, queue_mean - queue_wait - tokenize)}
+    return {
+        "queue_wait": queue_wait,
+        "tokenize": tokenize,
+        "other": max(0.0, queue_mean - queue_wait - tokenize),
+    }
 
 
 def _queue_advice_part(parts: dict[str, float], queue_mean: float) -> dict[str, float]:
@@ -189,11 +214,15 @@ def _queue_parts_line(parts: dict[str, float], queue_mean: float, k: int) -> dic
     # parts that read "0 % (0 ms)" say nothing: left out, but the largest is always said
     shown = [p for p in ranked if share[p] != "0 %"] or ranked[:1]
     said = ", ".join(f"{QUEUE_PART_NAMES[p]} {share[p]} ({ms(parts[p])})" for p in shown)
-    whose = f"its queue of {ms(queue_mean)}" if k == 1 else f"their queue of {ms(queue_mean)} (mean)"
+    whose = (
+        f"its queue of {ms(queue_mean)}" if k == 1 else f"their queue of {ms(queue_mean)} (mean)"
+    )
     return ev(
         f"{whose}: {said}; most of it is {QUEUE_PART_NAMES[ranked[0]]}",
-        queue_part=ranked[0], overhead_bound_queue_wait_mean_ms=parts["queue_wait"],
-        overhead_bound_tokenize_mean_ms=parts["tokenize"], overhead_bound_other_mean_ms=parts["other"],
+        queue_part=ranked[0],
+        overhead_bound_queue_wait_mean_ms=parts["queue_wait"],
+        overhead_bound_tokenize_mean_ms=parts["tokenize"],
+        overhead_bound_other_mean_ms=parts["other"],
     )
 
 
