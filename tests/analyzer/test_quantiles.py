@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 from tokentrace.analyzer.filters import Filters
-from tokentrace.analyzer.quantiles import BINS, window_quantiles
+from tokentrace.analyzer.quantiles import BINS, grouped_quantiles, window_quantiles
 from tokentrace.analyzer.report import LATENCY_COLUMNS, QUANTILES
 from tokentrace.store.connection import open_db
 
@@ -72,6 +72,32 @@ def test_linear_passes_give_duckdbs_quantile_cont_exactly(
         assert duck["e2e"] is not None and duck["e2e"][3] > 20 * duck["e2e"][0]
         assert duck["prefill"] == [42.0] * 4
         assert duck["ttft_client"] is None
+
+
+@pytest.mark.parametrize(
+    ("group", "group_params"),
+    [
+        ("tenant", []),
+        # about 60 groups of ~330 requests, as the report's timeline slices its window
+        ("start_ns // ? * ?", [333 * 10**6, 333 * 10**6]),
+        ("e2e_ms > ?", [100.0]),  # a BOOLEAN group; queue and network differ between them
+    ],
+)
+def test_grouped_linear_passes_give_duckdbs_grouped_quantile_cont_exactly(
+    conn: duckdb.DuckDBPyConnection, group: str, group_params: list[int]
+) -> None:
+    cte, params = Filters(start_ns=T0 + 10**9).cte()  # 19,000 requests
+    qs = (0.5, 0.95, 0.99)
+    got = grouped_quantiles(
+        conn, cte, params, LATENCY_COLUMNS, qs, group, group_params, linear_from=0
+    )
+    duck_sql = ", ".join(f"quantile_cont({e}, {list(qs)})" for e in LATENCY_COLUMNS.values())
+    rows = conn.execute(
+        f"{cte}\nSELECT {group} AS g, {duck_sql} FROM req GROUP BY g", [*params, *group_params]
+    ).fetchall()
+    duck = {g: dict(zip(LATENCY_COLUMNS, values, strict=True)) for g, *values in rows}
+    assert len(duck) > 1
+    assert got == duck
 
 
 def test_a_value_at_each_slice_edge_is_ranked_in_order(tmp_path: Path) -> None:
