@@ -3,4 +3,4 @@
 WITH {heavy_in_flight},
 affected AS (SELECT * FROM light_beside WHERE in_flight > 0)
 SELECT trace_id, kept, (SELECT count(*) FROM affected) AS matched FROM affected
-ORDER BY coalesce(ttft_client_ms, ttft_ms, e2e_ms) DESC, trace_id LIMIT 5000
+ORDER BY wait DESC, trace_id LIMIT 5000

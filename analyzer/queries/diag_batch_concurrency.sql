@@ -4,7 +4,7 @@ WITH {batch_in_flight}
 SELECT
     (in_flight > 0)                                             AS with_batch,
     count(*)                                                    AS n,
-    median(coalesce(ttft_ms, ttft_client_ms))                   AS ttft_p50,
+    median(ttft)                                                AS ttft_p50,
     median(tpot_ms)                                             AS tpot_p50,
     median(queue_wait_ms)                                       AS queue_wait_p50,
     sum(e2e_ms)                                                 AS e2e_total,

@@ -4,7 +4,7 @@ WITH {heavy_in_flight}
 SELECT
     in_flight > 0                                               AS beside,
     count(*)                                                    AS n,
-    median(coalesce(ttft_client_ms, ttft_ms, e2e_ms))           AS wait_p50,
+    median(wait)                                                AS wait_p50,
     median(queue_ms)                                            AS queue_p50,
     sum(e2e_ms)                                                 AS e2e_total,
     median(in_flight)                                           AS in_flight_p50
