@@ -1,6 +1,9 @@
 -- What the window's requests carry: the signals each complaint's defining contrast needs
 -- (diagnosis/coverage.py).  A row stored before `token_times_source` existed says where its
 -- token times came from through its flags and convention.
+-- Counts are count_if (coalesced: it is NULL over no rows) and the rest skip '' by nullif,
+-- not `FILTER (WHERE ...)`: DuckDB 1.5 runs a filtered aggregate apart, and this query's
+-- fifteen cost 0.80 CPU-s at 10 M requests against 0.53 (the same figures).
 WITH r AS (
     SELECT *, coalesce(
         token_times_source,
@@ -11,19 +14,19 @@ WITH r AS (
 )
 SELECT
     count(*)                                                    AS requests,
-    count(*) FILTER (WHERE times_from = 'server')               AS token_times_server,
-    count(*) FILTER (WHERE times_from = 'client')               AS token_times_client,
-    count(*) FILTER (WHERE times_from NOT IN ('server', 'client')) AS token_times_none,
-    count(*) FILTER (WHERE itl_p50_ms IS NOT NULL AND output_tokens >= 3) AS streams,
-    count(*) FILTER (WHERE network_ms IS NOT NULL)              AS client_spans,
-    count(*) FILTER (WHERE list_contains(flags, 'server_unseen')) AS server_unseen,
-    count(*) FILTER (WHERE prompt_tokens IS NOT NULL)           AS prompt_tokens,
-    count(*) FILTER (WHERE coalesce(ttft_ms, ttft_client_ms) IS NOT NULL
-                     AND NOT list_contains(flags, 'server_unseen')) AS server_first_token,
-    count(DISTINCT tenant) FILTER (WHERE tenant <> '')          AS tenants,
-    list(DISTINCT tenant ORDER BY tenant) FILTER (WHERE tenant <> '')[1:3] AS tenant_names,
-    count(DISTINCT (service, instance)) FILTER (WHERE instance <> '') AS instances,
-    count(*) FILTER (WHERE cold_start)                          AS cold_marked,
-    histogram(environment) FILTER (WHERE environment <> '')     AS environments,
+    coalesce(count_if(times_from = 'server'), 0)                AS token_times_server,
+    coalesce(count_if(times_from = 'client'), 0)                AS token_times_client,
+    coalesce(count_if(times_from NOT IN ('server', 'client')), 0) AS token_times_none,
+    coalesce(count_if(itl_p50_ms IS NOT NULL AND output_tokens >= 3), 0) AS streams,
+    count(network_ms)                                           AS client_spans,
+    coalesce(count_if(list_contains(flags, 'server_unseen')), 0) AS server_unseen,
+    count(prompt_tokens)                                        AS prompt_tokens,
+    coalesce(count_if(coalesce(ttft_ms, ttft_client_ms) IS NOT NULL
+                      AND NOT list_contains(flags, 'server_unseen')), 0) AS server_first_token,
+    count(DISTINCT nullif(tenant, ''))                          AS tenants,
+    list_filter(list(DISTINCT tenant ORDER BY tenant), t -> t <> '')[1:3] AS tenant_names,
+    count(DISTINCT CASE WHEN instance <> '' THEN (service, instance) END) AS instances,
+    coalesce(count_if(cold_start), 0)                           AS cold_marked,
+    histogram(nullif(environment, ''))                          AS environments,
     histogram(traffic_class)                                    AS traffic_classes
 FROM r

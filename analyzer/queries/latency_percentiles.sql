@@ -3,12 +3,14 @@
 -- The filtered request set arrives as the CTE `req` (see analyzer/filters.py).
 -- The itl_* figures bound the ITL percentiles estimated from the histograms
 -- (report.py `GapFigures`): with one request its own are the window's.
+-- Counts are count_if (coalesced: it is NULL over no rows), not `count(*) FILTER (WHERE
+-- ...)`: DuckDB 1.5 runs a filtered aggregate apart (see diag_signals.sql).
 SELECT
     count(*)                                            AS requests,
-    count(*) FILTER (WHERE kept)                        AS kept,
-    count(*) FILTER (WHERE error)                       AS errors,
-    count(*) FILTER (WHERE network_ms IS NOT NULL)      AS with_network,
-    count(*) FILTER (WHERE list_contains(flags, 'server_unseen')) AS server_unseen,
+    coalesce(count_if(kept), 0)                         AS kept,
+    coalesce(count_if(error), 0)                        AS errors,
+    count(network_ms)                                   AS with_network,
+    coalesce(count_if(list_contains(flags, 'server_unseen')), 0) AS server_unseen,
     count(DISTINCT service)                             AS services,
     sum(e2e_ms)                                         AS e2e_total,
     sum(coalesce(network_ms, 0))                        AS network_total,
