@@ -4,8 +4,10 @@
 -- spent on network + queue, and that time).  Two medians of the tiny prompts alone: the
 -- medians of diag_tiny_prompts read every request (about 5 CPU-s at 10 M requests, these
 -- 0.5 with the bar), and most windows stop here.
+-- The bar is the quartile of the prompt sizes capped at ? tokens, the same figure as the
+-- quartile capped (a cap keeps the sizes' order) and quicker to pick: the capped sizes repeat.
 WITH cut AS (
-    SELECT least(quantile_disc(prompt_tokens, 0.25), ?) AS tokens
+    SELECT quantile_disc(least(prompt_tokens, ?), 0.25) AS tokens
     FROM req WHERE prompt_tokens IS NOT NULL
 ),
 {first_token_waits},
