@@ -77,19 +77,24 @@ def _load_driven(tiny: dict[str, Any], rest: dict[str, Any]) -> bool:
 
 
 def detect(ctx: Context) -> Finding | None:
-    # the tiny prompts' two medians decide first: most windows stop there, and the rest of
-    # the figures (diag_tiny_prompts) read every request
-    first = ctx.one("diag_tiny_prompts_share", [MAX_TINY_TOKENS])
-    if int(first.get("n") or 0) < MIN_TINY:
+    # counts decide first: most windows stop there, and the figures (diag_tiny_prompts)
+    # read every request
+    first = ctx.one(
+        "diag_tiny_prompts_share", [MAX_TINY_TOKENS, MIN_OVERHEAD_SHARE, MIN_OVERHEAD_MS]
+    )
+    n = int(first.get("n") or 0)
+    if n < MIN_TINY or _below_for_sure(first["below_share"], first["shares"]):
         return None
-    share = first["overhead_share"] or 0.0
-    overhead = first["overhead_p50"] or 0.0
-    if share < MIN_OVERHEAD_SHARE or overhead < MIN_OVERHEAD_MS:
+    if _below_for_sure(first["below_overhead"], n):
         return None
     cut = int(first["cut_tokens"])
     rows = {r["tiny"]: r for r in ctx.query("diag_tiny_prompts", [cut])}
     tiny = rows.get(True)
     if not tiny:  # gone since the check (a live store's retention)
+        return None
+    share = tiny["overhead_share"] or 0.0
+    overhead = tiny["overhead_p50"] or 0.0
+    if share < MIN_OVERHEAD_SHARE or overhead < MIN_OVERHEAD_MS:
         return None
     # where the time goes, on one statistic: the sums over the tiny requests that spend at
     # least half their wait for the first token on network + queue (the requests the median
@@ -183,6 +188,13 @@ def detect(ctx: Context) -> Finding | None:
         if where == "queue" and queue_part == "queue_wait" and not compared
         else None,
     )
+
+
+def _below_for_sure(below: int, n: int) -> bool:
+    """Says whether the median of `n` values is surely below a bar that `below` of them are
+    below: where more than half are, both middle values are, and so is the median (the mean
+    of the two middle values that `median` gives is never above the larger)."""
+    return 2 * int(below or 0) > int(n or 0)
 
 
 def _queue_parts(tiny: dict[str, Any], k: int, queue_mean: float) -> dict[str, float]:
