@@ -56,7 +56,9 @@ def test_a_cross_region_hop_under_long_answers_is_found(write_workload, network_
     assert "wait for the first token" in share["text"]
     assert share["overhead_share"] > 0.85 and share["overhead_p50_ms"] > network_ms
     assert share["first_token_wait_p50_ms"] < share["e2e_p50_ms"] / 2
-    assert split["where"] == "network" and split["overhead_bound_network_mean_ms"] > 0.9 * network_ms
+    assert (
+        split["where"] == "network" and split["overhead_bound_network_mean_ms"] > 0.9 * network_ms
+    )
     assert findings[0]["fix_first"].startswith("Network is ")
 
 
@@ -65,7 +67,9 @@ def test_users_near_a_fast_server_are_not_flagged(write_workload) -> None:  # ty
     # 20 ms of network is most of a 40 ms TTFT: a share past the bar, a wait nobody notices
     w = _far_users(20.0)
     report = build_report(write_workload(w))
-    assert report["findings"] == [], [(f["complaint"], f["evidence"][0]["text"]) for f in report["findings"]]
+    assert report["findings"] == [], [
+        (f["complaint"], f["evidence"][0]["text"]) for f in report["findings"]
+    ]
     tiny = sorted(w.requests, key=lambda s: s.prompt_tokens or 0)[: len(w.requests) // 4]
     waits = sorted(s.ttft_client_ms or 0 for s in tiny)
     assert waits[len(waits) // 2] < tiny_prompts.MIN_OVERHEAD_MS
@@ -137,3 +141,24 @@ def test_overload_with_one_prompt_size_is_load_not_tiny_prompts(write_workload) 
     assert "peak_hours" in found, list(found)
     # with no larger prompts to compare, the saturated queue is peak_hours' alone
     assert "tiny_prompts_slow" not in found, found.get("tiny_prompts_slow", {}).get("evidence")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_counts_rule_out_only_medians_below_the_bar(seed: int) -> None:
+    """The first check's counts say a median is below its bar only where DuckDB's median is
+    (few distinct values, so values tie with the bar and with each other; even and odd
+    counts)."""
+    import duckdb
+
+    rng = random.Random(seed)
+    conn = duckdb.connect()
+    ruled_out = 0
+    for _ in range(50):
+        values = [float(rng.randint(0, 8)) for _ in range(rng.randint(1, 12))]
+        bar = float(rng.randint(0, 9)) + rng.choice([0.0, 0.5])
+        below = sum(v < bar for v in values)
+        (median,) = conn.execute("SELECT median(v) FROM unnest(?) t(v)", [values]).fetchone() or ()
+        if tiny_prompts._below_for_sure(below, len(values)):
+            assert median < bar, (values, bar)
+            ruled_out += 1
+    assert ruled_out
