@@ -147,6 +147,14 @@ def clamp01(x: float) -> float:
     return 0.0 if x != x else max(0.0, min(1.0, x))
 
 
+def median_surely_below(below: int | None, n: int | None) -> bool:
+    """Says whether the median of `n` values is surely below a bar that `below` of them are
+    below: where more than half are, both middle values are, and so is the median (the mean
+    of the two middle values that `median` gives is never above the larger).  A signal's
+    first check counts (cheap) where the median (every value gathered) would decide."""
+    return 2 * int(below or 0) > int(n or 0)
+
+
 def confidence(strength: float, n: int, full_n: int = 200) -> float:
     """Gives a 0..1 confidence from how far past its threshold a signal is (strength ≥ 0) and n."""
     effect = 0.55 + 0.4 * (1.0 - math.exp(-max(0.0, strength)))
