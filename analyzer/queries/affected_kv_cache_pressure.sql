@@ -1,6 +1,6 @@
 -- Requests arriving in slices (? ns) where their own engine's (`request_engine`: their
 -- instance, or the engine process whose steps name them) KV usage reached ? (steps in
--- [?, ?]), most queued first.
+-- [?, ?]), most queued first; `cut`: the 5000th largest queue, as affected_peak_hours.sql has it.
 WITH hot AS (
     SELECT DISTINCT service, instance, start_ns // ? AS slice FROM engine_steps
     WHERE kv_usage >= ? AND start_ns BETWEEN ? AND ?
@@ -14,6 +14,10 @@ asked AS (
 affected AS (
     SELECT DISTINCT trace_id, request_id, kept, queue_ms, e2e_ms FROM request_engine e SEMI JOIN hot
         ON e.service = hot.service AND e.engine = hot.instance AND e.t0 // ? = hot.slice
+),
+cut AS (
+    SELECT count(*) AS matched, coalesce(max(queue_ms, 5000)[-1], '-inf') AS queue_ms
+    FROM affected
 )
-SELECT trace_id, kept, (SELECT count(*) FROM affected) AS matched FROM affected
-ORDER BY queue_ms DESC, e2e_ms DESC, trace_id LIMIT 5000
+SELECT trace_id, kept, cut.matched FROM affected JOIN cut ON affected.queue_ms >= cut.queue_ms
+ORDER BY affected.queue_ms DESC, e2e_ms DESC, trace_id LIMIT 5000

