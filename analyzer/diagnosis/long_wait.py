@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from tokentrace._words import counted
-from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms, pct
+from tokentrace.analyzer.diagnosis._base import (
+    Context,
+    Finding,
+    confidence,
+    ev,
+    median_surely_below,
+    ms,
+    pct,
+)
 
 COMPLAINT = "long_wait_then_fast"
 MIN_REQUESTS = 20
@@ -28,12 +36,13 @@ def _grows_with_prompt(r: dict[str, Any], corr: float | None) -> bool:
 
 
 def detect(ctx: Context) -> Finding | None:
-    # the share of the wait that is prefill decides first, from sums: most windows wait on
-    # the queue or the wire, and the medians (diag_prefill) read every request's TTFT
-    first = ctx.one("diag_prefill_share")
-    if int(first.get("n") or 0) < MIN_REQUESTS:
+    # sums and counts decide first: most windows wait on the queue or the wire, or not long,
+    # and the medians (diag_prefill) read every request's TTFT
+    first = ctx.one("diag_prefill_share", [MIN_TTFT_MS])
+    n = int(first.get("n") or 0)
+    if n < MIN_REQUESTS or (first["prefill_share_of_ttft"] or 0.0) < MIN_PREFILL_SHARE_OF_TTFT:
         return None
-    if (first["prefill_share_of_ttft"] or 0.0) < MIN_PREFILL_SHARE_OF_TTFT:
+    if median_surely_below(first["below_ttft"], n):
         return None
     r = ctx.one("diag_prefill")
     n = int(r.get("n") or 0)

@@ -12,7 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 from tokentrace._words import counted
-from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms, pct
+from tokentrace.analyzer.diagnosis._base import (
+    Context,
+    Finding,
+    confidence,
+    ev,
+    median_surely_below,
+    ms,
+    pct,
+)
 
 COMPLAINT = "tiny_prompts_slow"
 #: A prompt is "tiny" in the bottom quarter of the window, and never above this.
@@ -83,9 +91,9 @@ def detect(ctx: Context) -> Finding | None:
         "diag_tiny_prompts_share", [MAX_TINY_TOKENS, MIN_OVERHEAD_SHARE, MIN_OVERHEAD_MS]
     )
     n = int(first.get("n") or 0)
-    if n < MIN_TINY or _below_for_sure(first["below_share"], first["shares"]):
+    if n < MIN_TINY or median_surely_below(first["below_share"], first["shares"]):
         return None
-    if _below_for_sure(first["below_overhead"], n):
+    if median_surely_below(first["below_overhead"], n):
         return None
     cut = int(first["cut_tokens"])
     rows = {r["tiny"]: r for r in ctx.query("diag_tiny_prompts", [cut])}
@@ -188,13 +196,6 @@ def detect(ctx: Context) -> Finding | None:
         if where == "queue" and queue_part == "queue_wait" and not compared
         else None,
     )
-
-
-def _below_for_sure(below: int, n: int) -> bool:
-    """Says whether the median of `n` values is surely below a bar that `below` of them are
-    below: where more than half are, both middle values are, and so is the median (the mean
-    of the two middle values that `median` gives is never above the larger)."""
-    return 2 * int(below or 0) > int(n or 0)
 
 
 def _queue_parts(tiny: dict[str, Any], k: int, queue_mean: float) -> dict[str, float]:

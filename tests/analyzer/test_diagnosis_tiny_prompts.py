@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from tokentrace.analyzer.diagnosis import tiny_prompts
+from tokentrace.analyzer.diagnosis._base import median_surely_below
 from tokentrace.analyzer.report import build_report
 
 from . import azure_conv
@@ -158,7 +159,7 @@ def test_counts_rule_out_only_medians_below_the_bar(seed: int) -> None:
         bar = float(rng.randint(0, 9)) + rng.choice([0.0, 0.5])
         below = sum(v < bar for v in values)
         (median,) = conn.execute("SELECT median(v) FROM unnest(?) t(v)", [values]).fetchone() or ()
-        if tiny_prompts._below_for_sure(below, len(values)):
+        if median_surely_below(below, len(values)):
             assert median < bar, (values, bar)
             ruled_out += 1
     assert ruled_out
