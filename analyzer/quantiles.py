@@ -32,7 +32,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import duckdb
@@ -69,45 +69,61 @@ def grouped_quantiles(
     group: str | None = None,
     group_params: Sequence[Any] = (),
     linear_from: int = LINEAR_FROM,
+    part_of: Callable[[Any], Hashable] | None = None,
+    ranges: Sequence[Sequence[Any]] | None = None,
 ) -> dict[Hashable, dict[str, list[float] | None]]:
     """Gives, per value of `group` (an SQL expression over `req`, never NULL, with its
     bound `group_params`; None: the whole window, as group None) that has rows, and per
     name of `columns`, its `quantile_cont` at each of `quantiles` over the group's non-NULL
     values (None where it has none): what `SELECT group, quantile_cont(column, quantiles)
-    ... GROUP BY group` gives.  The expressions are the caller's fixed SQL, never input."""
+    ... GROUP BY group` gives.  With `part_of`, the figures are per part instead, each the
+    union of the groups `part_of` maps to it: a cheap group (a time slice) stands for a
+    costly one (is the slice among the busiest: a list look-up per request and pass).
+    `ranges`, where the caller counted them already: the first pass's rows, per group its
+    value, then each column's count, min and max.  The expressions are the caller's fixed
+    SQL, never input."""
     names = list(columns)
     passes = _Passes(cte, [*params, *group_params], group, list(columns.values()))
-    ranges = ", ".join(f"count(x{i}), min(x{i}), max(x{i})" for i in range(len(names)))
-    rows = passes.run(conn, [(passes.select(ranges), [])])
-    out: dict[Hashable, dict[str, list[float] | None]] = {row[0]: {} for row in rows}
+    if ranges is None:
+        sql = ", ".join(f"count(x{i}), min(x{i}), max(x{i})" for i in range(len(names)))
+        ranges = passes.run(conn, [(passes.select(sql), [])])
+    rows = [tuple(row) for row in ranges]
+    parts = {row[0]: (row[0] if part_of is None else part_of(row[0])) for row in rows}
+    out: dict[Hashable, dict[str, list[float] | None]] = {p: {} for p in parts.values()}
     linear: dict[int, tuple[float, float]] = {}  # column → its range over every group
     small: list[int] = []
     for i, name in enumerate(names):
-        counts = [(row[0], row[1 + 3 * i], row[2 + 3 * i], row[3 + 3 * i]) for row in rows]
-        present = [(n, lo, hi) for _, n, lo, hi in counts if n]
-        for g, n, lo, hi in counts:
+        # per part: its count and range
+        by_part: dict[Hashable, tuple[int, Any, Any]] = {}
+        for g, *row in rows:
+            n, lo, hi = row[3 * i : 3 * i + 3]
+            if n:
+                m, low, high = by_part.get(parts[g], (0, lo, hi))
+                by_part[parts[g]] = (m + n, min(low, lo), max(high, hi))
+        for p in out:
+            n, lo, hi = by_part.get(p, (0, None, None))
             if not n:
-                out[g][name] = None
+                out[p][name] = None
             elif lo == hi:  # one value: every percentile is it
-                out[g][name] = [float(lo)] * len(quantiles)
-        if not present or all(lo == hi for _, lo, hi in present):
+                out[p][name] = [float(lo)] * len(quantiles)
+        if all(lo == hi for _, lo, hi in by_part.values()):
             continue
-        lo, hi = min(lo for _, lo, _ in present), max(hi for _, _, hi in present)
-        total = sum(n for n, _, _ in present)
+        lo, hi = min(lo for _, lo, _ in by_part.values()), max(h for _, _, h in by_part.values())
+        total = sum(n for n, _, _ in by_part.values())
         finite = math.isfinite(lo) and math.isfinite(hi) and math.isfinite(BINS / (hi - lo))
         if total < linear_from or not finite:
             small.append(i)
         else:
             linear[i] = (float(lo), float(hi))
     if linear:
-        _linear(conn, passes, names, linear, quantiles, out)
+        _linear(conn, passes, parts, names, linear, quantiles, out)
     if small:
         qs = ", ".join(repr(float(q)) for q in quantiles)
-        sql = passes.select(", ".join(f"quantile_cont(x{i}, [{qs}])" for i in small))
-        for g, *values in passes.run(conn, [(sql, [])]):
+        aggregates = ", ".join(f"quantile_cont(x{i}, [{qs}])" for i in small)
+        for p, *values in passes.run(conn, [passes.per_part(aggregates, parts)]):
             for i, v in zip(small, values, strict=True):
-                if names[i] not in out[g]:
-                    out[g][names[i]] = None if v is None else [float(x) for x in v]
+                if names[i] not in out[p]:
+                    out[p][names[i]] = None if v is None else [float(x) for x in v]
     return out
 
 
@@ -132,6 +148,22 @@ class _Passes:
             f"FROM v {f'WHERE {where} ' if where else ''}{f'GROUP BY {keys}' if keys else ''}"
         )
 
+    def per_part(
+        self, aggregates: str, parts: Mapping[Hashable, Hashable]
+    ) -> tuple[str, list[Any]]:
+        """Gives `SELECT part, aggregates FROM v` grouped by part (each `g`'s in `parts`),
+        and its parameters: the window's where there are no groups, else a group's where
+        each is its own part."""
+        if not self.by:
+            return f"SELECT NULL AS part, {aggregates} FROM v", []  # noqa: S608 - numbered columns
+        if all(g == p for g, p in parts.items()):
+            return self.select(aggregates), []
+        sql = (
+            f"SELECT m.part, {aggregates} FROM v JOIN "  # noqa: S608 - numbered columns
+            "(SELECT unnest(?) AS g, unnest(?) AS part) m ON v.g = m.g GROUP BY m.part"
+        )
+        return sql, [list(parts), list(parts.values())]
+
     def run(
         self, conn: duckdb.DuckDBPyConnection, selects: list[tuple[str, list[Any]]]
     ) -> list[tuple[Any, ...]]:
@@ -154,65 +186,70 @@ def _slice(i: int) -> str:
 def _linear(
     conn: duckdb.DuckDBPyConnection,
     passes: _Passes,
+    parts: Mapping[Hashable, Hashable],
     names: list[str],
     linear: Mapping[int, tuple[float, float]],
     quantiles: Sequence[float],
     out: dict[Hashable, dict[str, list[float] | None]],
 ) -> None:
     """Fills `out` with the percentiles of the `linear` columns (index → range) of every
-    group not given yet, by counting slices, then ranking inside the few wanted ones."""
+    part (`parts`: group → part) not given yet, by counting slices per group, then ranking
+    inside the few wanted slices of each part."""
     scales = {i: BINS / (hi - lo) for i, (lo, hi) in linear.items()}
     selects = [
         (passes.select(f"{i} AS col, count(*)", f"x{i} IS NOT NULL", _slice(i)), [lo, scales[i]])
         for i, (lo, _) in linear.items()
     ]
-    # per column and group: each slice's count
+    # per column and part: each slice's count
     counts: dict[tuple[int, Hashable], dict[int, int]] = {}
     for g, s, i, n in passes.run(conn, selects):
-        counts.setdefault((i, g), {})[s] = n
+        by_slice = counts.setdefault((i, parts[g]), {})
+        by_slice[s] = by_slice.get(s, 0) + n
     # the order statistics each percentile interpolates between (DuckDB's Interpolator),
     # and where each lies: its slice and its position (1-based) among the slice's values
     ranks: dict[tuple[int, Hashable], list[tuple[int, int, float]]] = {}
     wanted: dict[int, dict[tuple[Hashable, int], set[int]]] = {i: {} for i in linear}
-    for (i, g), by_slice in counts.items():
-        if names[i] in out[g]:
+    for (i, p), by_slice in counts.items():
+        if names[i] in out[p]:
             continue
         slices = sorted(by_slice)
         ends = list(itertools.accumulate(by_slice[s] for s in slices))
         n = ends[-1]
-        ranks[i, g] = []
+        ranks[i, p] = []
         for q in quantiles:
             position = (n - 1) * q
             below = math.floor(position)
-            ranks[i, g].append((below, math.ceil(position), position - below))
+            ranks[i, p].append((below, math.ceil(position), position - below))
             for r in {below, math.ceil(position)}:
                 k = bisect.bisect_right(ends, r)  # the first slice ending past rank r
                 first = ends[k] - by_slice[slices[k]]
-                wanted[i].setdefault((g, slices[k]), set()).add(r - first + 1)
+                wanted[i].setdefault((p, slices[k]), set()).add(r - first + 1)
+    members: dict[Hashable, list[Hashable]] = {}
+    for g, p in parts.items():
+        members.setdefault(p, []).append(g)
     selects = []
     for i, picks in wanted.items():
         if not picks:
             continue
-        keys = list(picks)
-        # the wanted slices (of their groups) with the positions wanted in each, joined on
+        # the wanted slices of each group of a part, with the positions wanted in them
+        w = [(g, p, s, sorted(at)) for (p, s), at in picks.items() for g in members[p]]
         on = f"{_slice(i)} = w.slice" + (" AND v.g = w.g" if passes.by else "")
         sql = (
-            f"SELECT {i} AS col, w.g, w.slice, w.at, list_select(list_sort(list(x{i})), w.at) "  # noqa: S608 - numbered columns, bound values
-            "FROM v JOIN (SELECT unnest(?) AS g, unnest(?::INTEGER[]) AS slice, "
-            f"unnest(?::INTEGER[][]) AS at) w ON {on} GROUP BY w.g, w.slice, w.at"
+            f"SELECT {i} AS col, w.part, w.slice, w.at, list_select(list_sort(list(x{i})), w.at) "  # noqa: S608 - numbered columns, bound values
+            "FROM v JOIN (SELECT unnest(?) AS g, unnest(?) AS part, unnest(?::INTEGER[]) AS slice, "
+            f"unnest(?::INTEGER[][]) AS at) w ON {on} GROUP BY w.part, w.slice, w.at"
         )
-        at = [sorted(picks[k]) for k in keys]
-        groups, slices = [g for g, _ in keys], [s for _, s in keys]
-        selects.append((sql, [groups, slices, at, linear[i][0], scales[i]]))
-    # the value of each wanted rank: column, group, rank → value
+        columns = [list(c) for c in zip(*w, strict=True)]
+        selects.append((sql, [*columns, linear[i][0], scales[i]]))
+    # the value of each wanted rank: column, part, rank → value
     value: dict[tuple[int, Hashable, int], float] = {}
-    for i, g, s, at, picked in passes.run(conn, selects):
-        first = sum(n for t, n in counts[i, g].items() if t < s)  # the values below slice s
+    for i, p, s, at, picked in passes.run(conn, selects):
+        first = sum(n for t, n in counts[i, p].items() if t < s)  # the values below slice s
         for position, v in zip(at, picked, strict=True):
-            value[i, g, first + position - 1] = float(v)
-    for (i, g), wanted_ranks in ranks.items():
+            value[i, p, first + position - 1] = float(v)
+    for (i, p), wanted_ranks in ranks.items():
         figures = []
         for below, above, d in wanted_ranks:
-            low = value[i, g, below]
-            figures.append(low if below == above else low * (1 - d) + value[i, g, above] * d)
-        out[g][names[i]] = figures
+            low = value[i, p, below]
+            figures.append(low if below == above else low * (1 - d) + value[i, p, above] * d)
+        out[p][names[i]] = figures

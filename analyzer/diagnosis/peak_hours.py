@@ -17,9 +17,11 @@ Two shapes of it (docs/design.md §5):
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, duration, ev, ms, pct
+from tokentrace.analyzer.quantiles import grouped_quantiles
 
 COMPLAINT = "peak_hours"
 MIN_SLICES = 10
@@ -95,13 +97,19 @@ def _peak(ctx: Context, slices: dict[bool, dict], cls: str | None = None) -> Fin
     if arrival_ratio < MIN_ARRIVAL_RATIO:
         return None
     busy_ids = [int(x) for x in busy_s["slice_ids"]]
-    rows = {r["busy"]: r for r in ctx.query("diag_peak", [busy_ids, ctx.slice_ns])}
+    per_slice = ctx.query("diag_peak", [ctx.slice_ns])
+    rows = _sides(per_slice, busy_ids)
     busy, rest = rows.get(True), rows.get(False)
     if not busy or not rest:
         return None
     qb, qr = busy["queue_share"] or 0.0, rest["queue_share"] or 0.0
+    if qb < MIN_BUSY_QUEUE_SHARE or qb - qr < MIN_QUEUE_SHARE_GAIN:
+        return None
+    e2e = _e2e_percentiles(ctx, busy_ids, per_slice)
+    for side, row in rows.items():
+        row["e2e_p50"], row["e2e_p95"] = e2e.get(side) or (None, None)
     e2e_ratio = (busy["e2e_p50"] or 0.0) / max(rest["e2e_p50"] or 0.0, 1e-9)
-    if qb < MIN_BUSY_QUEUE_SHARE or qb - qr < MIN_QUEUE_SHARE_GAIN or e2e_ratio < MIN_E2E_RATIO:
+    if e2e_ratio < MIN_E2E_RATIO:
         return None
     if _one_tenants_burst(ctx, busy_ids):
         return None
@@ -271,6 +279,39 @@ def _saturated(ctx: Context, cls: str | None, by_arrivals: dict[bool, dict] | No
     )
 
 
+def _sides(per_slice: list[dict[str, Any]], busy_ids: list[int]) -> dict[bool, dict[str, Any]]:
+    """Gives the requests arriving in the busy slices (True) and in the rest (False) from
+    diag_peak's slices: how many, queue share, E2E time (a side without slices: none)."""
+    busy = set(busy_ids)
+    sides: dict[bool, dict[str, Any]] = {}
+    for side in (True, False):
+        mine = [r for r in per_slice if (r["slice"] in busy) == side]
+        if mine:
+            e2e = math.fsum(r["e2e_total"] for r in mine)
+            sides[side] = {
+                "busy": side,
+                "n": sum(r["n"] for r in mine),
+                "queue_share": math.fsum(r["queue_total"] for r in mine) / e2e if e2e else None,
+                "e2e_total": e2e,
+            }
+    return sides
+
+
+def _e2e_percentiles(
+    ctx: Context, busy_ids: list[int], per_slice: list[dict[str, Any]]
+) -> dict[bool, list[float] | None]:
+    """Gives the E2E p50 and p95 of the requests arriving in the busy slices (True) and
+    of the rest (False): counted per slice (the cheap group; diag_peak's slices give each
+    one's E2E range), then of each side's union."""
+    busy = set(busy_ids)
+    ranges = [(r["slice"], r["e2e_n"], r["e2e_min"], r["e2e_max"]) for r in per_slice]
+    by_side = grouped_quantiles(
+        ctx.conn, ctx.cte, ctx.params, {"e2e": "e2e_ms"}, (0.5, 0.95),
+        "start_ns // ?", [ctx.slice_ns], part_of=busy.__contains__, ranges=ranges,
+    )  # fmt: skip
+    return {bool(side): figures["e2e"] for side, figures in by_side.items()}
+
+
 def _one_tenants_burst(ctx: Context, busy_ids: list[int]) -> bool:
     """True when the busy slices' extra arrivals are one tenant's burst on a shared server."""
     shares: dict[bool, dict[str, float]] = {True: {}, False: {}}
@@ -315,7 +356,7 @@ def _lagging_backlog(ctx: Context, by_arrivals: dict[bool, dict], cls: str | Non
     if arrivals < MIN_ARRIVAL_RATIO:
         return None  # no bursts to lag behind
     busy_ids = [int(x) for x in busy_s["slice_ids"]]
-    rows = {r["busy"]: r for r in ctx.query("diag_peak", [busy_ids, ctx.slice_ns])}
+    rows = _sides(ctx.query("diag_peak", [ctx.slice_ns]), busy_ids)
     busy, rest = rows.get(True), rows.get(False)
     if not busy or not rest:
         return None

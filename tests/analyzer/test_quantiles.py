@@ -100,6 +100,28 @@ def test_grouped_linear_passes_give_duckdbs_grouped_quantile_cont_exactly(
     assert got == duck
 
 
+@pytest.mark.parametrize("linear_from", [0, 10**12])
+def test_parts_of_groups_give_the_quantiles_of_their_unions(
+    conn: duckdb.DuckDBPyConnection, linear_from: int
+) -> None:
+    """Time slices stand for the busiest of them against the rest (peak_hours)."""
+    cte, params = Filters().cte()
+    slice_ns = 333 * 10**6
+    busy = {T0 // slice_ns + k for k in (2, 3, 17, 40)}
+    got = grouped_quantiles(
+        conn, cte, params, LATENCY_COLUMNS, QUANTILES, "start_ns // ?", [slice_ns],
+        linear_from=linear_from, part_of=busy.__contains__,
+    )  # fmt: skip
+    duck_sql = ", ".join(f"quantile_cont({e}, {list(QUANTILES)})" for e in LATENCY_COLUMNS.values())
+    rows = conn.execute(
+        f"{cte}\nSELECT list_contains(?, start_ns // ?) AS busy, {duck_sql} FROM req GROUP BY busy",
+        [*params, sorted(busy), slice_ns],
+    ).fetchall()
+    duck = {busy: dict(zip(LATENCY_COLUMNS, values, strict=True)) for busy, *values in rows}
+    assert set(duck) == {True, False}
+    assert got == duck
+
+
 def test_a_value_at_each_slice_edge_is_ranked_in_order(tmp_path: Path) -> None:
     """Values 1/BINS of the range apart sit at the slices' edges, where rounding decides."""
     db = tmp_path / "edges.duckdb"
