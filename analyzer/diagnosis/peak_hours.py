@@ -315,7 +315,7 @@ def _e2e_percentiles(
 def _one_tenants_burst(ctx: Context, busy_ids: list[int]) -> bool:
     """True when the busy slices' extra arrivals are one tenant's burst on a shared server."""
     shares: dict[bool, dict[str, float]] = {True: {}, False: {}}
-    for r in ctx.query("diag_peak_tenants", [busy_ids, ctx.slice_ns]):
+    for r in ctx.query("diag_peak_tenants", [ctx.slice_ns, busy_ids]):
         shares[bool(r["busy"])][r["tenant"]] = r["share"] or 0.0
     busy, rest = shares[True], shares[False]
     if len(set(busy) | set(rest)) < 2 or not busy:
