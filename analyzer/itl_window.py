@@ -92,9 +92,9 @@ def _raw_counts(
 ) -> list[int]:
     """Gives the bucket counts of the window's requests outside the `rolled` minutes, from
     `itl_hist`; `rest`: the window's other minutes (None: every minute of it)."""
+    bounds: list[Any] = []
     if rest is None:  # nothing rolled: the whole window, bounded as the filters say
-        around, bounds = "", []
-        ranges = None
+        around = ""
     else:
         ranges = _ranges(rest, filters)
         if len(ranges) <= MAX_RANGES:

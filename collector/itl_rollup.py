@@ -9,6 +9,7 @@ Summed here, from the rows the transaction inserts, so the rollup counts exactly
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +33,7 @@ def rollup_table(requests: Sequence[RequestSummary], counts: Sequence[Sequence[i
     sums = np.zeros((len(keys), matrix.shape[1]), dtype=np.int64)
     np.add.at(sums, group, matrix)
     n = np.bincount(group, minlength=len(keys))
-    columns = list(zip(*keys, strict=True)) if keys else [[] for _ in range(5)]
+    columns: list[tuple[Any, ...]] = list(zip(*keys, strict=True)) if keys else [()] * 5
     return pa.table(
         {
             "minute_ns": pa.array(columns[0], pa.int64()),
