@@ -206,6 +206,8 @@ def ensure_tables(conn: duckdb.DuckDBPyConnection) -> None:
             body = ", ".join(f'"{c}" {kind}' for c, kind in cols)
 
             def create(table: str = table, body: str = body, cols: Columns = cols) -> None:
+                if _has_table(conn, table):  # a retry: another shard made it since, rows and all
+                    return
                 conn.execute(f"CREATE TABLE IF NOT EXISTS {ALIAS}.{table} ({body})")  # noqa: S608 - names from the schema
                 if table in BY_TRACE:
                     conn.execute(
@@ -250,6 +252,14 @@ def ensure_tables(conn: duckdb.DuckDBPyConnection) -> None:
         )
 
 
+def _has_table(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """Whether the lake has `table` as the caller's transaction sees it."""
+    found = conn.execute(
+        "SELECT 1 FROM duckdb_tables() WHERE database_name = ? AND table_name = ?", [ALIAS, table]
+    ).fetchall()
+    return bool(found)
+
+
 def _seed_statistics(conn: duckdb.DuckDBPyConnection, table: str, column: str) -> None:
     """Gives a new lake table its statistics (0 rows) by writing a row and deleting it in the
     transaction that creates it: nothing is stored.
@@ -257,7 +267,8 @@ def _seed_statistics(conn: duckdb.DuckDBPyConnection, table: str, column: str) -
     A table DuckLake has no statistics for (nothing ever written to it) is asked for them again,
     column by column, at every scan: a read of a still-empty table (`gpu_samples` where no GPU
     is sampled, read by every trace page) cost ~27 catalog round trips, one with statistics ~7.
-    Real rows written later update them as any write does."""
+    Real rows written later update them as any write does.  Only in the transaction that
+    creates the table (`_has_table`): the delete is of every row."""
     conn.execute(f'INSERT INTO {ALIAS}.{table} ("{column}") VALUES (NULL)')  # noqa: S608 - names from the schema
     conn.execute(f"DELETE FROM {ALIAS}.{table}")  # noqa: S608
 

@@ -17,6 +17,7 @@ import duckdb
 import pytest
 from statement_recorder import StatementRecorder, files_read
 
+from tokentrace.store.lake import catalog
 from tokentrace.store.lake.catalog import (
     ALIAS,
     BY_TRACE,
@@ -280,3 +281,30 @@ def test_a_trace_page_asks_the_catalog_in_few_round_trips(
     # none asked again (20 when the empty gpu_samples had no statistics: 86 round trips in all)
     assert len(table_stats) <= 2, table_stats
     assert len(asked) <= 50, asked
+
+
+def test_a_table_made_by_another_shard_meanwhile_keeps_its_rows(
+    lake: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard whose creation of the lake's tables lost a race retries it and finds them made,
+    maybe with rows another shard has moved since: its retry leaves them as they are (a new
+    table's statistics are seeded by a row written and deleted, which on a made table would
+    have deleted every row)."""
+    uri, data = lake
+    _write_moves(uri, data)
+    conn = duckdb.connect()
+    try:
+        attach(conn, uri, data)
+        before = {t: _count(conn, t) for t in ("requests", "spans", "engine_steps")}
+        # the tables as this shard saw them before the other shard's commit: none yet
+        monkeypatch.setattr(catalog, "_lake_columns", lambda conn: {})
+        catalog.ensure_tables(conn)
+        after = {t: _count(conn, t) for t in ("requests", "spans", "engine_steps")}
+    finally:
+        conn.close()
+    assert before == after == {"requests": 800, "spans": 1600, "engine_steps": 800}
+
+
+def _count(conn: duckdb.DuckDBPyConnection, table: str) -> int:
+    [(rows,)] = conn.execute(f"SELECT count(*) FROM {ALIAS}.{table}").fetchall()  # noqa: S608
+    return int(rows)
