@@ -8,6 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from tokentrace.analyzer import report
 from tokentrace.analyzer.filters import Filters
 from tokentrace.analyzer.quantiles import BINS, grouped_quantiles, window_quantiles
 from tokentrace.analyzer.report import LATENCY_COLUMNS, QUANTILES
@@ -143,3 +144,14 @@ def test_a_value_at_each_slice_edge_is_ranked_in_order(tmp_path: Path) -> None:
         assert linear == window_quantiles(reader, cte, params, cols, qs, linear_from=10**12)
     finally:
         reader.close()
+
+
+def test_a_window_picking_few_of_its_time_range_skips_the_linear_passes(
+    conn: duckdb.DuckDBPyConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each pass reads the whole time range: a tenant's third of it is not worth 17 passes."""
+    monkeypatch.setattr(report, "LINEAR_FROM", 0)
+    assert report._linear_from(conn, Filters()) == 0
+    assert report._linear_from(conn, Filters(start_ns=T0 + 10**10)) == 0
+    assert report._linear_from(conn, Filters(tenant="b")) == 20_000 // 3
+    assert report._linear_from(conn, Filters(tenant="b", start_ns=T0 + 10**10)) == 10_000 // 3
