@@ -194,8 +194,10 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
     filters = filters or Filters()
     ctx = Context(conn, filters)
     signals = read_signals(ctx)
-    cols, rows = run_query(conn, "latency_percentiles", filters)
-    r = dict(zip(cols, rows[0], strict=False))
+    r: dict[str, Any] = {}
+    for name in ("latency_bounds", "latency_percentiles"):
+        cols, rows = run_query(conn, name, filters)
+        r |= dict(zip(cols, rows[0], strict=False))
     r |= window_quantiles(
         conn, ctx.cte, ctx.params, LATENCY_COLUMNS, QUANTILES, _linear_from(conn, filters)
     )

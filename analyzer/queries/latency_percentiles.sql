@@ -1,15 +1,12 @@
 -- The window's counts and sums; the latencies' p50/p90/p95/p99 are report.py's
--- `LATENCY_COLUMNS`, counted by analyzer/quantiles.py (exact, linear in the window).
+-- `LATENCY_COLUMNS`, counted by analyzer/quantiles.py (exact, linear in the window), and
+-- the counts and bounds DuckDB can take from statistics are latency_bounds.sql's.
 -- The filtered request set arrives as the CTE `req` (see analyzer/filters.py).
--- The itl_* figures bound the ITL percentiles estimated from the histograms
--- (report.py `GapFigures`): with one request its own are the window's.
 -- Counts are count_if (coalesced: it is NULL over no rows), not `count(*) FILTER (WHERE
 -- ...)`: DuckDB 1.5 runs a filtered aggregate apart (see diag_signals.sql).
 SELECT
-    count(*)                                            AS requests,
     coalesce(count_if(kept), 0)                         AS kept,
     coalesce(count_if(error), 0)                        AS errors,
-    count(network_ms)                                   AS with_network,
     coalesce(count_if(list_contains(flags, 'server_unseen')), 0) AS server_unseen,
     count(DISTINCT service)                             AS services,
     sum(e2e_ms)                                         AS e2e_total,
@@ -19,12 +16,5 @@ SELECT
     sum(decode_ms)                                      AS decode_total,
     sum(queue_wait_ms)                                  AS queue_wait_total,
     sum(tokenize_ms)                                    AS tokenize_total,
-    sum(other_ms)                                       AS other_total,
-    count(itl_p50_ms)                                   AS itl_requests,
-    min(itl_p50_ms)                                     AS itl_p50_min,
-    min(itl_p95_ms)                                     AS itl_p95_min,
-    min(itl_p99_ms)                                     AS itl_p99_min,
-    max(itl_max_ms)                                     AS itl_gap_max,
-    min(start_ns)                                       AS first_start_ns,
-    max(start_ns)                                       AS last_start_ns
+    sum(other_ms)                                       AS other_total
 FROM req
