@@ -239,7 +239,7 @@ def _linear(
             "FROM v JOIN (SELECT unnest(?) AS g, unnest(?) AS part, unnest(?::INTEGER[]) AS slice, "
             f"unnest(?::INTEGER[][]) AS at) w ON {on} GROUP BY w.part, w.slice, w.at"
         )
-        columns = [list(c) for c in zip(*w, strict=True)]
+        columns: list[Any] = [list(c) for c in zip(*w, strict=True)]
         selects.append((sql, [*columns, linear[i][0], scales[i]]))
     # the value of each wanted rank: column, part, rank → value
     value: dict[tuple[int, Hashable, int], float] = {}

@@ -97,15 +97,15 @@ def _peak(ctx: Context, slices: dict[bool, dict], cls: str | None = None) -> Fin
     if arrival_ratio < MIN_ARRIVAL_RATIO:
         return None
     busy_ids = [int(x) for x in busy_s["slice_ids"]]
-    per_slice = ctx.query("diag_peak", [ctx.slice_ns])
-    rows = _sides(per_slice, busy_ids)
+    slice_rows = ctx.query("diag_peak", [ctx.slice_ns])
+    rows = _sides(slice_rows, busy_ids)
     busy, rest = rows.get(True), rows.get(False)
     if not busy or not rest:
         return None
     qb, qr = busy["queue_share"] or 0.0, rest["queue_share"] or 0.0
     if qb < MIN_BUSY_QUEUE_SHARE or qb - qr < MIN_QUEUE_SHARE_GAIN:
         return None
-    e2e = _e2e_percentiles(ctx, busy_ids, per_slice)
+    e2e = _e2e_percentiles(ctx, busy_ids, slice_rows)
     for side, row in rows.items():
         row["e2e_p50"], row["e2e_p95"] = e2e.get(side) or (None, None)
     e2e_ratio = (busy["e2e_p50"] or 0.0) / max(rest["e2e_p50"] or 0.0, 1e-9)
