@@ -21,10 +21,8 @@ import duckdb
 from tokentrace.analyzer import queries
 from tokentrace.analyzer.diagnosis._base import compose
 from tokentrace.analyzer.filters import Filters
-from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS, ROLLUP_NS
+from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS, ROLLUP_NS, ROLLUP_SLICE
 
-#: The filters a rollup row carries (its slice): the columns of `requests` of the same name.
-SLICE = ("service", "model", "tenant", "traffic_class")
 #: Stretches of time read one by one, at most, before the minutes the rollup holds are left
 #: out by a list instead of by time ranges (rollups missing here and there: unusual).
 MAX_RANGES = 32
@@ -38,7 +36,7 @@ def bucket_sums(alias: str) -> str:
 
 def _slice(filters: Filters, alias: str) -> tuple[str, list[Any]]:
     """Gives `AND alias.column = ?` for each slice filter set, and its values."""
-    set_ = [(c, getattr(filters, c)) for c in SLICE if getattr(filters, c) is not None]
+    set_ = [(c, getattr(filters, c)) for c in ROLLUP_SLICE if getattr(filters, c) is not None]
     return "".join(f" AND {alias}.{c} = ?" for c, _ in set_), [v for _, v in set_]
 
 
@@ -106,7 +104,7 @@ def _raw_counts(
             around = " AND NOT list_contains(?::BIGINT[], h.start_ns - h.start_ns % ?::BIGINT)"
             bounds = [rolled, ROLLUP_NS]
     sums = bucket_sums("h")
-    if all(getattr(filters, c) is None for c in SLICE):
+    if all(getattr(filters, c) is None for c in ROLLUP_SLICE):
         # a time range (or everything): itl_hist carries start_ns, no join needed
         sql = queries.load("itl_histogram_by_time").format(bucket_sums=sums)
         lo, hi = filters.start_ns, filters.end_ns

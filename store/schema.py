@@ -76,6 +76,9 @@ _DATA_TABLES_5 = DATA_TABLES[:8]
 
 #: Seconds of request starts one `itl_rollup` row sums.
 ROLLUP_NS = 60 * 10**9
+#: The slice an `itl_rollup` row sums: columns of `requests` of the same name (the report's
+#: filters other than time).
+ROLLUP_SLICE: tuple[str, ...] = ("service", "model", "tenant", "traffic_class")
 
 #: Upper bounds (ms) of the inter-token-gap histogram buckets: log-spaced with
 #: ~12 % resolution from 0.1 ms to ~60 s; one more bucket holds anything above.
