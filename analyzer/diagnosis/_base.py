@@ -155,6 +155,12 @@ def median_surely_below(below: int | None, n: int | None) -> bool:
     return 2 * int(below or 0) > int(n or 0)
 
 
+#: A bar that a first check counts below is drawn this much inside the threshold it stands for
+#: (a ratio's), so that a median below the bar stays below the threshold in the reader's own
+#: float arithmetic, however it rounds.
+INSIDE = 1 - 1e-9
+
+
 def confidence(strength: float, n: int, full_n: int = 200) -> float:
     """Gives a 0..1 confidence from how far past its threshold a signal is (strength ≥ 0) and n."""
     effect = 0.55 + 0.4 * (1.0 - math.exp(-max(0.0, strength)))

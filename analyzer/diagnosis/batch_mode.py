@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms
+from tokentrace.analyzer.diagnosis._base import (
+    INSIDE,
+    Context,
+    Finding,
+    confidence,
+    ev,
+    median_surely_below,
+    ms,
+)
 
 COMPLAINT = "batch_mode_breaks_live"
 MIN_PER_SIDE = 10
@@ -73,6 +81,31 @@ def _slice_sides(ctx: Context) -> tuple[dict[str, Any], dict[str, Any] | None]:
     return rows[True], rows.get(False)
 
 
+def _ratio_surely_below(first: dict[str, Any], measure: str) -> bool:
+    """Says whether the ratio `_comparisons` reads for `measure` (median beside batch requests
+    over the median apart) is surely below MIN_RATIO, from diag_batch_apart's counts."""
+    apart = first[f"apart_{measure}_p50"]
+    if apart is None or apart <= 0 or not first[f"beside_{measure}_n"]:
+        return True  # `_ratio` gives 0
+    return median_surely_below(first[f"beside_{measure}_below"], first[f"beside_{measure}_n"])
+
+
+def _request_contrast_needed(ctx: Context, has_steps: bool) -> bool | None:
+    """The first check on the request-level contrast, before its sweep (diag_batch_concurrency,
+    5-8 CPU-s at 10 M requests) runs: None where the contrast surely gives no finding (live
+    requests on both sides, and neither median beside batch requests reaches MIN_RATIO times
+    the one apart), False where the finding will not read it (too few live requests on a side,
+    and the engine's steps decide instead), True where only the sweep can tell."""
+    first = ctx.one("diag_batch_apart", [MIN_RATIO * INSIDE, MIN_RATIO * INSIDE])
+    if first["reversed"]:
+        return True  # a request that ends before it starts: only the sweep counts as the sweep does
+    if first["apart_n"] >= MIN_PER_SIDE and first["beside_n"] >= MIN_PER_SIDE:
+        if _ratio_surely_below(first, "ttft") and _ratio_surely_below(first, "tpot"):
+            return None
+        return True
+    return not has_steps
+
+
 def detect(ctx: Context) -> Finding | None:
     if (ctx.overview.get("classes") or 0) < 2:
         return None
@@ -94,7 +127,11 @@ def detect(ctx: Context) -> Finding | None:
     if alone is None:
         # batch traffic in every slice: live requests that arrived with no batch request in
         # flight on their instance are the baseline, where there are enough of them
-        by_request = {r["with_batch"]: r for r in ctx.query("diag_batch_concurrency")}
+        needed = _request_contrast_needed(ctx, bool(steps.get("steps")))
+        if needed is None:
+            return None
+        if needed:
+            by_request = {r["with_batch"]: r for r in ctx.query("diag_batch_concurrency")}
         beside, apart = by_request.get(True), by_request.get(False)
         if beside is not None and apart is not None and _enough(beside) and _enough(apart):
             under, alone = beside, apart

@@ -14,7 +14,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms, pct
+from tokentrace.analyzer.diagnosis._base import (
+    INSIDE,
+    Context,
+    Finding,
+    confidence,
+    ev,
+    median_surely_below,
+    ms,
+    pct,
+)
 
 COMPLAINT = "big_tenants_slower"
 MIN_PER_TENANT = 10
@@ -101,6 +110,26 @@ def detect(ctx: Context) -> Finding | None:
     )
 
 
+def _beside_surely_none(ctx: Context, heavy: list[str], cls: str | None) -> bool:
+    """The first check on the lighter tenants' contrast, before its sweep (diag_tenant_beside,
+    5-8 CPU-s at 10 M requests): says whether it surely gives no finding, from the light
+    requests with no heavy request in flight (few where the heavy tenants never stop) and
+    counts over the rest (diag_tenant_apart): too few on a side, or more than half of those
+    beside the heavy requests waiting less than MIN_BESIDE_RATIO times, or MIN_BESIDE_GAIN_MS
+    more than, the median apart."""
+    first = ctx.one(
+        "diag_tenant_apart",
+        [heavy, cls, cls, MIN_BESIDE_RATIO * INSIDE, MIN_BESIDE_GAIN_MS, MIN_BESIDE_GAIN_MS],
+    )
+    if first["reversed"]:
+        return False  # a request that ends before it starts: only the sweep counts as it does
+    if first["apart_n"] < MIN_BESIDE or first["beside_n"] < MIN_BESIDE:
+        return True
+    return not first["beside_wait_n"] or median_surely_below(
+        first["beside_wait_below"], first["beside_wait_n"]
+    )
+
+
 def _beside_heavy(
     ctx: Context, heavy: list[str], light: list[str], cls: str | None, heavy_share: float,
     heavy_e2e_ms: float | None,
@@ -109,6 +138,8 @@ def _beside_heavy(
     the heavy tenants have requests in flight on their instance than while they have none.
     Its impact is the E2E of the heavy requests and of the light ones beside them: the
     heavy tenants' traffic fills the queue they all wait in."""
+    if _beside_surely_none(ctx, heavy, cls):
+        return None
     rows = {r["beside"]: r for r in ctx.query("diag_tenant_beside", [heavy, cls, cls])}
     beside, alone = rows.get(True), rows.get(False)
     if not beside or not alone or beside["n"] < MIN_BESIDE or alone["n"] < MIN_BESIDE:

@@ -14,6 +14,7 @@ SHARED = (
     "request_engines",
     "batch_in_flight",
     "heavy_in_flight",
+    "in_flight_gaps",
     "cold_requests",
     "first_token_waits",
 )
