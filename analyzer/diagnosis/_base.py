@@ -155,6 +155,14 @@ def median_surely_below(below: int | None, n: int | None) -> bool:
     return 2 * int(below or 0) > int(n or 0)
 
 
+def median_surely_above(above: int | None, n: int | None) -> bool:
+    """Says whether the median of `n` values is surely above a bar that `above` of them are
+    above (`median_surely_below`'s mirror: the median is never below the smaller middle value).
+    A NaN that DuckDB sorts last is a middle value only where half the values are NaN or
+    more: count values above the bar without NaN, and `n` with it."""
+    return 2 * int(above or 0) > int(n or 0)
+
+
 #: A bar that a first check counts below is drawn this much inside the threshold it stands for
 #: (a ratio's), so that a median below the bar stays below the threshold in the reader's own
 #: float arithmetic, however it rounds.
