@@ -5,7 +5,7 @@
 -- them are below a bar: the median apart times ? (TTFT) and ? (TPOT).  The reader rules the
 -- contrast out where more than half of those beside are below both bars (_base.
 -- median_surely_below), and takes the sweep where it cannot.  `reversed`: see in_flight_gaps.
-WITH heavy AS NOT MATERIALIZED (
+WITH heavy AS MATERIALIZED (
     SELECT service, instance, start_ns AS s, start_ns + CAST(e2e_ms * 1e6 AS BIGINT) AS e
     FROM req WHERE traffic_class = 'batch'
 ),

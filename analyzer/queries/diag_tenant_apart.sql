@@ -10,7 +10,7 @@ WITH tenant_rows AS NOT MATERIALIZED (
     SELECT *, list_contains(?, tenant) AS heavy
     FROM req WHERE tenant <> '' AND (? IS NULL OR traffic_class = ?)
 ),
-heavy AS NOT MATERIALIZED (
+heavy AS MATERIALIZED (
     SELECT service, instance, start_ns AS s, start_ns + CAST(e2e_ms * 1e6 AS BIGINT) AS e
     FROM tenant_rows WHERE heavy
 ),
