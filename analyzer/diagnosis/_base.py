@@ -29,6 +29,9 @@ MAX_EXAMPLE_CANDIDATES = 50
 #: Time slices per window for the per-slice signals (arrival rate, load).
 TARGET_SLICES = 60
 MIN_SLICE_NS = 1_000_000_000
+#: Most rows of the window counted per time slice, tenant and class (`Context.slice_mix`) that
+#: the signals take: past it (tenants by the thousand) each signal runs its own query.
+MAX_SLICE_MIX_ROWS = 20_000
 NICE_SLICE_SECONDS = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 
 #: What to fix first, per complaint (docs/design.md §5).  Where a signal knows which cause
@@ -266,6 +269,14 @@ class Context:
         said += [also] if also else []
         counts = counted(n, "minute" if sec == 60 else "slice")
         return f"{counts} ({'; '.join(said)})" if said else counts
+
+    @cached_property
+    def slice_mix(self) -> list[dict[str, Any]] | None:
+        """Gives diag_slice_mix's rows, the window counted once per time slice, tenant and
+        class, which several signals add up (slice_mix.py) instead of reading every request
+        apart; None where they are more than MAX_SLICE_MIX_ROWS."""
+        rows = self.query("diag_slice_mix", [self.slice_ns, MAX_SLICE_MIX_ROWS + 1])
+        return rows if len(rows) <= MAX_SLICE_MIX_ROWS else None
 
     @property
     def time_bounds(self) -> tuple[int, int]:
