@@ -11,7 +11,15 @@ import json
 from typing import Any
 
 from tokentrace._words import counted
-from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, ev, ms
+from tokentrace.analyzer.diagnosis._base import (
+    INSIDE,
+    Context,
+    Finding,
+    confidence,
+    ev,
+    median_surely_above,
+    ms,
+)
 
 COMPLAINT = "cold_start"
 MIN_WARM = 20
@@ -34,15 +42,53 @@ SHOWN_PHASES = ("Load weights", "Load model", "Allocate KV cache", "Prepare mode
 MAX_PHASES_SHOWN = 3
 
 
+def _contrast(cold_p50: float | None, warm_p50: float | None) -> tuple[float, float]:
+    """Gives (ratio, gain) of the cold median wait over the warm one, as the finding reads them."""
+    ratio = (cold_p50 or 0.0) / max(warm_p50 or 0.0, 1e-9)
+    gain = (cold_p50 or 0.0) - (warm_p50 or 0.0)
+    return ratio, gain
+
+
+def _clears(cold_p50: float | None, warm_p50: float | None) -> bool:
+    """Says whether the cold median is far enough above the warm one for a finding."""
+    ratio, gain = _contrast(cold_p50, warm_p50)
+    return ratio >= MIN_RATIO and gain >= MIN_GAIN_MS
+
+
+def _may_fire(ctx: Context) -> bool:
+    """The first check (diag_cold_first: the cold side exactly, the warm side counted, 0.2
+    CPU-s at 10 M requests against diag_cold_start's 0.7): False where `detect` surely finds
+    nothing, True where only diag_cold_start can tell.  The counts rule the contrast out where
+    more than half of the warm waits are above the bar: then the warm median is at least the
+    lower middle wait, above the bar, and a warm median at or above the bar does not clear it
+    where the bar itself does not (ratio and gain only fall as the warm median rises, in
+    floats too: the bar is checked here, in the reader's own arithmetic, not trusted)."""
+    first = ctx.one(
+        "diag_cold_first",
+        [AFTER_START_NS, AFTER_START_NS, MIN_INSTANCES, MIN_RATIO * INSIDE, MIN_GAIN_MS * INSIDE],
+    )
+    if not first["cold_n"] or first["warm_n"] < MIN_WARM:
+        return False
+    if first["cold_instances"] < MIN_INSTANCES and first["cold_n"] < MIN_COLD_REQUESTS:
+        return False
+    cold_p50, bar = first["cold_wait_p50"], first["bar"]
+    if (cold_p50 or 0.0) <= 0:
+        return False  # a ratio of at most 0, whatever the warm median
+    if bar is None or bar != bar or _clears(cold_p50, bar):
+        return True  # a NaN median, or a bar drawn where it does not rule out
+    return not median_surely_above(first["warm_above"], first["warm_waits"])
+
+
 def detect(ctx: Context) -> Finding | None:
+    if not _may_fire(ctx):
+        return None
     rows = {r["cold"]: r for r in ctx.query("diag_cold_start", [AFTER_START_NS, MIN_INSTANCES])}
     cold, warm = rows.get(True), rows.get(False)
     if not cold or not warm or warm["n"] < MIN_WARM:
         return None
     if cold["instances"] < MIN_INSTANCES and cold["n"] < MIN_COLD_REQUESTS:
         return None
-    ratio = (cold["wait_p50"] or 0.0) / max(warm["wait_p50"] or 0.0, 1e-9)
-    gain = (cold["wait_p50"] or 0.0) - (warm["wait_p50"] or 0.0)
+    ratio, gain = _contrast(cold["wait_p50"], warm["wait_p50"])
     if ratio < MIN_RATIO or gain < MIN_GAIN_MS:
         return None
     evidence = [
