@@ -21,6 +21,7 @@ from tokentrace.analyzer.render import render_json, render_markdown, render_text
 from tokentrace.analyzer.render_html import render_html
 from tokentrace.analyzer.report import build_report
 from tokentrace.store.connection import DatabaseHeld, open_read_only, resolve_db_path
+from tokentrace.store.snapshot import one_snapshot
 
 RENDERERS = {
     "text": render_text,
@@ -161,7 +162,8 @@ def run_report(args: argparse.Namespace, filters: Filters) -> int:
     else:
         conn = open_store(args, "report")
         try:
-            report = build_report(conn, filters)
+            with one_snapshot(conn):  # the figures agree; a lake's catalog is read once
+                report = build_report(conn, filters)
             if getattr(args, "lake", None) and not report["requests"]["count"]:
                 report["lake"] = True  # its empty message names the shards, not an OTLP port
             text = renderer(report)

@@ -124,10 +124,12 @@ def _diagnose(conn: duckdb.DuckDBPyConnection, service: str, since_ns: int) -> d
     """Gives the report of `service`'s requests started at or after `since_ns` (this run's)."""
     from tokentrace.analyzer.filters import Filters
     from tokentrace.analyzer.report import build_report
+    from tokentrace.store.snapshot import one_snapshot
 
     cur = conn.cursor()
     try:
-        return build_report(cur, Filters(service=service, start_ns=since_ns))
+        with one_snapshot(cur):
+            return build_report(cur, Filters(service=service, start_ns=since_ns))
     finally:
         cur.close()
 

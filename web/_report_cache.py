@@ -27,6 +27,7 @@ from typing import Any
 
 from tokentrace.analyzer.report import build_report
 from tokentrace.store.reader import StoreReader
+from tokentrace.store.snapshot import one_snapshot
 from tokentrace.web._db import time_limit
 from tokentrace.web._params import ViewFilters
 
@@ -85,7 +86,8 @@ class ReportCache:
 
         started = self._clock()
         try:
-            with self._db.cursor() as cur, time_limit(cur, REPORT_TIME_LIMIT_S):
+            # one snapshot: the report's figures agree, and a lake's catalog is read once
+            with self._db.cursor() as cur, time_limit(cur, REPORT_TIME_LIMIT_S), one_snapshot(cur):
                 report = build_report(cur, view.resolve(newest_start_ns(cur)))
             entry = CachedReport(report, self._clock(), self._clock() - started)
             with self._lock:
