@@ -10,7 +10,7 @@ import pytest
 
 from tokentrace.analyzer import report
 from tokentrace.analyzer.filters import Filters
-from tokentrace.analyzer.quantiles import BINS, grouped_quantiles, window_quantiles
+from tokentrace.analyzer.quantiles import BINS, WINDOW_BINS, grouped_quantiles, window_quantiles
 from tokentrace.analyzer.report import LATENCY_COLUMNS, QUANTILES
 from tokentrace.store.connection import open_db
 
@@ -123,16 +123,20 @@ def test_parts_of_groups_give_the_quantiles_of_their_unions(
     assert got == duck
 
 
-def test_a_value_at_each_slice_edge_is_ranked_in_order(tmp_path: Path) -> None:
-    """Values 1/BINS of the range apart sit at the slices' edges, where rounding decides."""
+@pytest.mark.parametrize(("bins", "group"), [(WINDOW_BINS, None), (BINS, "tenant")])
+def test_a_value_at_each_slice_edge_is_ranked_in_order(
+    tmp_path: Path, bins: int, group: str | None
+) -> None:
+    """Values 1/bins of the range apart sit at the slices' edges, where rounding decides: a
+    window has `WINDOW_BINS` slices, groups `BINS` each (over the range of them all)."""
     db = tmp_path / "edges.duckdb"
     writer = open_db(db)
-    writer.execute(ROWS.format(t0=T0, n=3 * BINS))
+    writer.execute(ROWS.format(t0=T0, n=3 * bins))
     # e2e: every edge of the slices, and one value just below and above each, shuffled
     writer.execute(
         "UPDATE requests SET e2e_ms = ((hash(start_ns) % 3)::BIGINT - 1) * 1e-12"
         " + (hash(start_ns, 9) % ?) * 0.1",
-        [BINS + 1],
+        [bins + 1],
     )
     writer.close()
     reader = duckdb.connect(str(db), read_only=True)
@@ -140,8 +144,10 @@ def test_a_value_at_each_slice_edge_is_ranked_in_order(tmp_path: Path) -> None:
         cte, params = Filters().cte()
         qs = (0.0, 0.001, 0.25, 0.5, 0.77, 0.999, 1.0)
         cols = {"e2e": "e2e_ms"}
-        linear = window_quantiles(reader, cte, params, cols, qs, linear_from=0)
-        assert linear == window_quantiles(reader, cte, params, cols, qs, linear_from=10**12)
+        linear = grouped_quantiles(reader, cte, params, cols, qs, group, linear_from=0)
+        duck = grouped_quantiles(reader, cte, params, cols, qs, group, linear_from=10**12)
+        assert len(linear) == (1 if group is None else 3)
+        assert linear == duck
     finally:
         reader.close()
 
