@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tokentrace.analyzer.diagnosis import slice_mix
 from tokentrace.analyzer.diagnosis._base import (
     INSIDE,
     Context,
@@ -112,7 +113,7 @@ def detect(ctx: Context) -> Finding | None:
     # the slices' sides are counted first and their medians read only where they are the
     # comparison or nothing request-level stands in: with batch traffic in every slice (10 M
     # requests) they were 2.5 CPU-s unread
-    counts = {r["with_batch"]: r["n"] for r in ctx.query("diag_batch_mode_sides", [ctx.slice_ns])}
+    counts = slice_mix.batch_sides(ctx)
     if counts.get(True, 0) < MIN_PER_SIDE:
         return None
     under: dict[str, Any] | None = None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tokentrace.analyzer.diagnosis import slice_mix
 from tokentrace.analyzer.diagnosis._base import Context, Finding, confidence, duration, ev, ms, pct
 from tokentrace.analyzer.quantiles import grouped_quantiles
 
@@ -75,8 +76,7 @@ def busiest_slices(ctx: Context) -> tuple[dict[bool, dict], str | None]:
     evidence counted on one class says so, since the report's tables are of all of them)."""
     # with mixed traffic, peaks are measured on live traffic: batch floods are batch_mode's
     cls = "interactive" if (ctx.overview.get("classes") or 0) > 1 else None
-    rows = {r["busy"]: r for r in ctx.query("diag_slices", [ctx.slice_ns, cls, cls])}
-    return rows, cls
+    return slice_mix.busy_split(ctx, cls), cls
 
 
 def detect(ctx: Context) -> Finding | None:
@@ -97,7 +97,7 @@ def _peak(ctx: Context, slices: dict[bool, dict], cls: str | None = None) -> Fin
     if arrival_ratio < MIN_ARRIVAL_RATIO:
         return None
     busy_ids = [int(x) for x in busy_s["slice_ids"]]
-    slice_rows = ctx.query("diag_peak", [ctx.slice_ns])
+    slice_rows = slice_mix.per_slice(ctx)
     rows = _sides(slice_rows, busy_ids)
     busy, rest = rows.get(True), rows.get(False)
     if not busy or not rest:
@@ -315,7 +315,7 @@ def _e2e_percentiles(
 def _one_tenants_burst(ctx: Context, busy_ids: list[int]) -> bool:
     """True when the busy slices' extra arrivals are one tenant's burst on a shared server."""
     shares: dict[bool, dict[str, float]] = {True: {}, False: {}}
-    for r in ctx.query("diag_peak_tenants", [ctx.slice_ns, busy_ids]):
+    for r in slice_mix.tenant_shares(ctx, busy_ids):
         shares[bool(r["busy"])][r["tenant"]] = r["share"] or 0.0
     busy, rest = shares[True], shares[False]
     if len(set(busy) | set(rest)) < 2 or not busy:
@@ -356,7 +356,7 @@ def _lagging_backlog(ctx: Context, by_arrivals: dict[bool, dict], cls: str | Non
     if arrivals < MIN_ARRIVAL_RATIO:
         return None  # no bursts to lag behind
     busy_ids = [int(x) for x in busy_s["slice_ids"]]
-    rows = _sides(ctx.query("diag_peak", [ctx.slice_ns]), busy_ids)
+    rows = _sides(slice_mix.per_slice(ctx), busy_ids)
     busy, rest = rows.get(True), rows.get(False)
     if not busy or not rest:
         return None
