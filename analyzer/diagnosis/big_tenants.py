@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tokentrace.analyzer.diagnosis import slice_mix, tenant_queues
 from tokentrace.analyzer.diagnosis._base import (
     INSIDE,
     Context,
@@ -39,7 +40,7 @@ MIN_BESIDE_GAIN_MS = 200.0
 
 def detect(ctx: Context) -> Finding | None:
     cls = "interactive" if (ctx.overview.get("classes") or 0) > 1 else None
-    tenants = [r for r in ctx.query("diag_tenants", [cls, cls]) if r["n"] >= MIN_PER_TENANT]
+    tenants = [r for r in slice_mix.tenant_volumes(ctx, cls) if r["n"] >= MIN_PER_TENANT]
     if len(tenants) < 2:
         return None
     use_tokens = sum(r["tokens"] for r in tenants) > 0
@@ -55,6 +56,15 @@ def detect(ctx: Context) -> Finding | None:
     heavy = heavy[: max(1, len(tenants) - 1)]
     light = [r for r in tenants if r not in heavy]
     heavy_names = [r["tenant"] for r in heavy]
+    # counts per bucket of queue time first: where they rule the queue contrast out (every
+    # tenant queues alike), the lighter tenants' own contrast decides without the quantiles
+    first = tenant_queues.groups(ctx, heavy_names, cls)
+    if True not in first or False not in first:
+        return None
+    if tenant_queues.surely_no_contrast(first, MIN_QUEUE_P95_MS, MIN_QUEUE_RATIO):
+        light_names = [r["tenant"] for r in light]
+        share = acc / max(total, 1e-9)
+        return _beside_heavy(ctx, heavy_names, light_names, cls, share, first[True].e2e_total)
     groups = {g["heavy"]: g for g in ctx.query("diag_tenant_groups", [heavy_names, cls, cls])}
     h, lt = groups.get(True), groups.get(False)
     if not h or not lt:

@@ -1,5 +1,7 @@
 -- Per time slice (? ns): arrivals, and whether the slice is among the busiest tenth.
 -- Arrival rate counts the traffic class given (NULL: all) so batch floods don't mask it.
+-- Read where diag_slice_mix has too many rows (slice_mix.busy_split adds it up from that
+-- pass otherwise, held to this query by tests/analyzer/test_slice_mix.py).
 WITH s AS (
     SELECT start_ns // ? AS slice, count(*) AS arrivals
     FROM req
