@@ -58,11 +58,17 @@ def window_quantiles(
     columns: Mapping[str, str],
     quantiles: Sequence[float],
     linear_from: int = LINEAR_FROM,
+    ranges: Sequence[Any] | None = None,
 ) -> dict[str, list[float] | None]:
     """Gives, per name of `columns` (name → SQL expression over the `req` CTE `cte`), its
     `quantile_cont` at each of `quantiles` over the window's non-NULL values; None where it
-    has none.  The expressions are the caller's fixed SQL, never input."""
-    by_group = grouped_quantiles(conn, cte, params, columns, quantiles, linear_from=linear_from)
+    has none.  `ranges`, where the caller counted them already (with figures of its own: one
+    scan of a lake's Parquet, not two): each column's count, min and max, in order.  The
+    expressions are the caller's fixed SQL, never input."""
+    rows = None if ranges is None else [(None, *ranges)]
+    by_group = grouped_quantiles(
+        conn, cte, params, columns, quantiles, linear_from=linear_from, ranges=rows
+    )
     return by_group.get(None) or dict.fromkeys(columns)
 
 

@@ -63,6 +63,15 @@ def _linear_from(conn: duckdb.DuckDBPyConnection, filters: Filters) -> int:
     return max(LINEAR_FROM, int(row[0] if row else 0) // 3)
 
 
+def latency_ranges(bounds: dict[str, Any]) -> list[Any]:
+    """Gives each of `LATENCY_COLUMNS`' count, min and max, in order, from latency_bounds.sql's
+    row (`bounds`: its `<name>_count`, `_min`, `_max`): where the percentiles' linear passes
+    start, counted with the window's bounds (one scan of a lake's Parquet, not two)."""
+    return [
+        bounds[f"{name}_{figure}"] for name in LATENCY_COLUMNS for figure in ("count", "min", "max")
+    ]
+
+
 def itl_bucket_counts(conn: duckdb.DuckDBPyConnection, filters: Filters) -> list[int]:
     """Gives the window's inter-token gap count per ITL histogram bucket (the per-minute
     rollup where it holds the window's minutes whole: analyzer/itl_window.py)."""
@@ -199,7 +208,13 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
         cols, rows = run_query(conn, name, filters)
         r |= dict(zip(cols, rows[0], strict=False))
     r |= window_quantiles(
-        conn, ctx.cte, ctx.params, LATENCY_COLUMNS, QUANTILES, _linear_from(conn, filters)
+        conn,
+        ctx.cte,
+        ctx.params,
+        LATENCY_COLUMNS,
+        QUANTILES,
+        _linear_from(conn, filters),
+        latency_ranges(r),
     )
     e2e_total = r["e2e_total"] or 0.0
     buckets: dict[str, Any] = {}

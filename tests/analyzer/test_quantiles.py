@@ -76,6 +76,30 @@ def test_linear_passes_give_duckdbs_quantile_cont_exactly(
 
 
 @pytest.mark.parametrize(
+    "filters",
+    [
+        Filters(),
+        Filters(tenant="b"),
+        Filters(start_ns=T0 + 3_000 * 10**6, end_ns=T0 + 3_100 * 10**6),
+        Filters(tenant="nobody"),
+    ],
+)
+def test_the_reports_bounds_start_the_passes_as_their_own_first_pass_would(
+    conn: duckdb.DuckDBPyConnection, filters: Filters
+) -> None:
+    """build_report hands latency_bounds.sql's counts and ranges to the passes."""
+    cols, rows = report.run_query(conn, "latency_bounds", filters)
+    ranges = report.latency_ranges(dict(zip(cols, rows[0], strict=True)))
+    assert len(ranges) == 3 * len(LATENCY_COLUMNS)
+    cte, params = filters.cte()
+    given = window_quantiles(conn, cte, params, LATENCY_COLUMNS, QUANTILES, 0, ranges)
+    assert given == window_quantiles(conn, cte, params, LATENCY_COLUMNS, QUANTILES, 0)
+    assert given == window_quantiles(conn, cte, params, LATENCY_COLUMNS, QUANTILES, 10**12)
+    if filters == Filters():
+        assert given["e2e"] is not None and given["prefill"] == [42.0] * 4
+
+
+@pytest.mark.parametrize(
     ("group", "group_params"),
     [
         ("tenant", []),
