@@ -151,10 +151,10 @@ def _drawn(tmp_path: Path, seed: int) -> Context:
 
 
 def _warm_counts(ctx: Context, bar: float | None) -> tuple[int, int]:
-    """Counts the warm waits, and those above `bar`, as cold_requests flags them."""
+    """Counts the warm waits, and those above `bar` (NaN not), as cold_requests flags them."""
     sql = queries.include(
         "WITH {cold_requests}\n"
-        "SELECT count(wait), count_if(wait > ?) FROM ("
+        "SELECT count(wait), count_if(wait > ? AND NOT isnan(wait)) FROM ("
         "SELECT coalesce(ttft_ms, ttft_client_ms, e2e_ms) AS wait FROM cold_req WHERE NOT cold)"
     )
     [(waits, above)] = ctx.conn.execute(
@@ -278,3 +278,27 @@ def test_warm_waits_half_above_the_bar_take_the_full_query(tmp_path: Path) -> No
     assert cold_start._may_fire(ctx)
     assert cold_start.detect(ctx) is None
     assert compose(ctx.cte, queries.load("diag_cold_start")) in {s for s, _ in recorder.statements}
+
+
+@pytest.mark.parametrize(("nan_share", "ruled_out"), [(0.2, True), (0.6, False)])
+def test_nan_warm_waits_are_not_counted_above_the_bar(
+    tmp_path: Path, nan_share: float, ruled_out: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DuckDB sorts NaN above every number: where most warm waits are NaN their median is NaN,
+    which the counts must not rule out (the full query reads it; as it stands `ms` cannot
+    say it), and where few are the numbers above the bar rule out alone."""
+    rows: list[Row] = []
+    for k in range(3):
+        for i in range(40):
+            wait = 900.0 if i == 0 else (None if i < 40 * nan_share else 500.0)
+            rows.append(("svc", f"i{k}", f"{k:02d}{i:030x}", i * 1000, wait, None, 600.0, False))
+    conn = _write(tmp_path / "w.duckdb", rows, [])
+    conn.execute("UPDATE requests SET ttft_ms = 'nan'::DOUBLE WHERE ttft_ms IS NULL")
+    ctx = Context(conn, Filters())
+    first = ctx.one("diag_cold_first", FIRST_ARGS)
+    assert first["warm_above"] == 3 * sum(1 for i in range(1, 40) if i >= 40 * nan_share)
+    assert (first["warm_waits"], first["warm_above"]) == _warm_counts(ctx, first["bar"])
+    assert cold_start._may_fire(ctx) is not ruled_out
+    if ruled_out:
+        monkeypatch.setattr(cold_start, "_may_fire", lambda ctx: True)
+        assert cold_start.detect(ctx) is None
