@@ -109,7 +109,9 @@ def detect(ctx: Context) -> Finding | None:
                 "Send an instance no traffic until its engine has loaded and served a warm-up "
                 f"request (a readiness check that waits for it): its start-up took {ms(starts[0]['startup_ms'])}"
             )
-    affected, examples = ctx.traces(ctx.query("affected_cold_start", [AFTER_START_NS, MIN_INSTANCES]))
+    affected, examples = ctx.traces(
+        ctx.query("affected_cold_start", [AFTER_START_NS, AFTER_START_NS, MIN_INSTANCES])
+    )
     strength = (ratio - MIN_RATIO) / 3 + min(1.0, gain / 2000.0)
     total = float(ctx.overview.get("e2e_total") or 1.0)
     return Finding(

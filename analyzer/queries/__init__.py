@@ -16,6 +16,7 @@ SHARED = (
     "heavy_in_flight",
     "in_flight_gaps",
     "cold_requests",
+    "cold_set",
     "first_token_waits",
 )
 

@@ -1,7 +1,5 @@
--- Cold requests (as in diag_cold_start: `cold_requests`), slowest first.
-WITH {cold_requests},
-affected AS (
-    SELECT * FROM cold_req WHERE cold
-)
-SELECT trace_id, kept, (SELECT count(*) FROM affected) AS matched FROM affected
-ORDER BY coalesce(ttft_ms, ttft_client_ms, e2e_ms) DESC, trace_id LIMIT 5000
+-- Cold requests (as in diag_cold_start: `cold_set` finds those `cold_requests` flags, from the
+-- few requests that can be cold, not by flagging every request), slowest first.
+WITH {cold_set}
+SELECT trace_id, kept, (SELECT count(*) FROM cold) AS matched FROM cold
+ORDER BY wait DESC, trace_id LIMIT 5000

@@ -177,6 +177,23 @@ def test_the_first_checks_cold_side_is_the_full_querys(tmp_path: Path, seed: int
     assert (first["warm_waits"], first["warm_above"]) == _warm_counts(ctx, first["bar"])
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_affected_cold_requests_are_those_cold_requests_flags(
+    tmp_path: Path, seed: int
+) -> None:
+    """affected_cold_start reads `cold_set`, not every request's flag: the same requests."""
+    ctx = _drawn(tmp_path, seed)
+    flagged = queries.include(
+        "WITH {cold_requests}\n"
+        "SELECT trace_id, kept, count(*) OVER () AS matched FROM cold_req WHERE cold\n"
+        "ORDER BY coalesce(ttft_ms, ttft_client_ms, e2e_ms) DESC, trace_id"
+    )
+    cur = ctx.conn.execute(compose(ctx.cte, flagged), [*ctx.params, *FULL_ARGS])
+    expected = [dict(zip(("trace_id", "kept", "matched"), r, strict=True)) for r in cur.fetchall()]
+    got = ctx.query("affected_cold_start", FIRST_ARGS[:3])
+    assert got == expected
+
+
 def _alike(a: Any, b: Any) -> None:
     assert (a is None) == (b is None)
     if a is not None:
