@@ -36,6 +36,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import duckdb
+import numpy as np
 
 #: Below this many values the window's `quantile_cont` is as quick: it is used as it is.
 LINEAR_FROM = 200_000
@@ -228,12 +229,9 @@ def _linear(
         slices = sorted(by_slice)
         ends = list(itertools.accumulate(by_slice[s] for s in slices))
         n = ends[-1]
-        ranks[i, p] = []
-        for q in quantiles:
-            position = (n - 1) * q
-            below = math.floor(position)
-            ranks[i, p].append((below, math.ceil(position), position - below))
-            for r in {below, math.ceil(position)}:
+        ranks[i, p] = [_between(n, q) for q in quantiles]
+        for below, above, _ in ranks[i, p]:
+            for r in {below, above}:
                 k = bisect.bisect_right(ends, r)  # the first slice ending past rank r
                 first = ends[k] - by_slice[slices[k]]
                 wanted[i].setdefault((p, slices[k]), set()).add(r - first + 1)
@@ -261,8 +259,38 @@ def _linear(
         for position, v in zip(at, picked, strict=True):
             value[i, p, first + position - 1] = float(v)
     for (i, p), wanted_ranks in ranks.items():
-        figures = []
-        for below, above, d in wanted_ranks:
-            low = value[i, p, below]
-            figures.append(low if below == above else low * (1 - d) + value[i, p, above] * d)
-        out[p][names[i]] = figures
+        out[p][names[i]] = [
+            _interpolate(value[i, p, below], value[i, p, above], below, above, d)
+            for below, above, d in wanted_ranks
+        ]
+
+
+def _between(n: int, q: float) -> tuple[int, int, float]:
+    """Gives the order statistics (0-based ranks) that `quantile_cont` at `q` of `n` values
+    interpolates between, and how far past the first it lies (DuckDB's Interpolator)."""
+    position = (n - 1) * q
+    below = math.floor(position)
+    return below, math.ceil(position), position - below
+
+
+def _interpolate(low: float, high: float, below: int, above: int, d: float) -> float:
+    """Gives `quantile_cont`'s figure between order statistics `low` and `high` (ranks
+    `below`, `above`; `d` past `low`), computed as DuckDB 1.5 does, to the bit."""
+    return low if below == above else low * (1 - d) + high * d
+
+
+def array_quantiles(values: Any, quantiles: Sequence[float]) -> list[float] | None:
+    """Gives `quantile_cont` at each of `quantiles` of `values` (a NumPy array, masked where
+    SQL had NULLs, as DuckDB's `fetchnumpy` gives a list), to the bit; None where it has no
+    value.  For lists DuckDB already gathered per group (report.py's timeline): numpy's
+    selection (`partition` at the wanted ranks) costs less than `quantile_cont`'s own."""
+    present = np.ma.compressed(values)
+    if not len(present):
+        return None
+    ranks = [_between(len(present), q) for q in quantiles]
+    at = sorted({r for below, above, _ in ranks for r in (below, above)})
+    ordered = np.partition(present, at)
+    return [
+        _interpolate(float(ordered[below]), float(ordered[above]), below, above, d)
+        for below, above, d in ranks
+    ]
