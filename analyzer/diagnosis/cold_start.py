@@ -65,7 +65,7 @@ def _may_fire(ctx: Context) -> bool:
     floats too: the bar is checked here, in the reader's own arithmetic, not trusted)."""
     first = ctx.one(
         "diag_cold_first",
-        [AFTER_START_NS, AFTER_START_NS, MIN_INSTANCES, MIN_RATIO * INSIDE, MIN_GAIN_MS * INSIDE],
+        [AFTER_START_NS, MIN_INSTANCES, MIN_RATIO * INSIDE, MIN_GAIN_MS * INSIDE],
     )
     if not first["cold_n"] or first["warm_n"] < MIN_WARM:
         return False
@@ -110,7 +110,7 @@ def detect(ctx: Context) -> Finding | None:
                 f"request (a readiness check that waits for it): its start-up took {ms(starts[0]['startup_ms'])}"
             )
     affected, examples = ctx.traces(
-        ctx.query("affected_cold_start", [AFTER_START_NS, AFTER_START_NS, MIN_INSTANCES])
+        ctx.query("affected_cold_start", [AFTER_START_NS, MIN_INSTANCES])
     )
     strength = (ratio - MIN_RATIO) / 3 + min(1.0, gain / 2000.0)
     total = float(ctx.overview.get("e2e_total") or 1.0)

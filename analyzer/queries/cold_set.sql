@@ -3,9 +3,12 @@
 -- instance's first request where the window shows at least ? instances), found from the few
 -- requests that can be cold and not by flagging every request: a query that reads the cold
 -- side alone includes them as `{cold_set}` (0.2 CPU-s at 10 M requests against 0.7 for
--- `cold_requests`' flags and the warm median).  Its first ? is the start-up's reach, read
--- twice: the parameters are (reach, reach, instances).  `cold` has the columns the cold side
--- reads, and `wait` (TTFT, the client's, else the E2E).
+-- `cold_requests`' flags and the warm median), with `cold_requests`' parameters.  `cold` has
+-- the columns the cold side reads, `wait` (TTFT, the client's, else the E2E) and
+-- `after_start`.
+start_reach AS (
+    SELECT service, instance, start_ns, end_ns + ? AS reach_ns FROM engine_starts
+),
 first_ns AS MATERIALIZED (
     SELECT service, instance, min(start_ns) AS start_ns
     FROM req WHERE instance <> '' GROUP BY service, instance
@@ -31,9 +34,9 @@ in_start AS (
     SELECT r.service, r.instance, r.start_ns, r.trace_id, r.request_id, r.cold_start, r.e2e_ms,
            r.kept,
            coalesce(r.ttft_ms, r.ttft_client_ms, r.e2e_ms) AS wait
-    FROM req r SEMI JOIN engine_starts e
+    FROM req r SEMI JOIN start_reach e
       ON e.service = r.service AND e.instance = r.instance
-     AND r.start_ns BETWEEN e.start_ns AND e.end_ns + ?
+     AND r.start_ns BETWEEN e.start_ns AND e.reach_ns
     WHERE NOT r.cold_start
 ),
 maybe_cold AS MATERIALIZED (
@@ -48,9 +51,9 @@ maybe_cold AS MATERIALIZED (
 -- reach depends on its service, instance and start alone)
 after_starts AS (
     SELECT DISTINCT m.service, m.instance, m.start_ns
-    FROM maybe_cold m JOIN engine_starts e
+    FROM maybe_cold m JOIN start_reach e
       ON e.service = m.service AND e.instance = m.instance
-     AND m.start_ns BETWEEN e.start_ns AND e.end_ns + ?
+     AND m.start_ns BETWEEN e.start_ns AND e.reach_ns
 ),
 -- as cold_requests' first_pick: of the requests tied at an instance's first instant, the
 -- least (trace_id, request_id)
@@ -61,7 +64,7 @@ first_pick AS (
     GROUP BY m.service, m.instance, m.start_ns
 ),
 cold AS MATERIALIZED (
-    SELECT m.*
+    SELECT m.*, a.start_ns IS NOT NULL AS after_start
     FROM maybe_cold m
     LEFT JOIN after_starts a
       ON a.service = m.service AND a.instance = m.instance AND a.start_ns = m.start_ns

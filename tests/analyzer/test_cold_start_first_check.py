@@ -32,7 +32,6 @@ T0_NS = 1_750_000_000 * 10**9
 MS = 10**6
 FIRST_ARGS = [
     cold_start.AFTER_START_NS,
-    cold_start.AFTER_START_NS,
     cold_start.MIN_INSTANCES,
     cold_start.MIN_RATIO * INSIDE,
     cold_start.MIN_GAIN_MS * INSIDE,
@@ -190,7 +189,7 @@ def test_the_affected_cold_requests_are_those_cold_requests_flags(
     )
     cur = ctx.conn.execute(compose(ctx.cte, flagged), [*ctx.params, *FULL_ARGS])
     expected = [dict(zip(("trace_id", "kept", "matched"), r, strict=True)) for r in cur.fetchall()]
-    got = ctx.query("affected_cold_start", FIRST_ARGS[:3])
+    got = ctx.query("affected_cold_start", FULL_ARGS)
     assert got == expected
 
 
