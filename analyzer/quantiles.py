@@ -1,30 +1,48 @@
 """Exact percentiles of a large window in linear passes, not one sort-like aggregate.
 
-DuckDB's `quantile_cont` gathers every value of the window and selects within them: at
-10 M requests that costs about as much per column as the rest of the report's latency
-section together, and more than linearly (the values outgrow the CPU's caches).  Here a
-window of at least `LINEAR_FROM` values takes three statements that only count and join:
-each column's count and range (per group); how many values fall in each of `BINS` equal
-slices of that range (per group; `WINDOW_BINS` without groups); and, per group, the few values wanted of the few slices
-that hold the wanted ranks, picked by their rank inside their slice (DuckDB sorts only
-those slices).  The slice of a value, `round((x - lo) * scale)`, never decreases as x
-grows (each step is one correctly rounded IEEE operation, then a rounding to the nearest
-integer), so counting slices ranks values exactly, and the answer is the same order
-statistics `quantile_cont` interpolates between, interpolated as DuckDB 1.5 does
-(`lo * (1 - d) + hi * d`): the same figure to the last bit, not an estimate
+DuckDB's `quantile_cont` gathers every value of the window and selects within them: at 10 M
+requests that costs about as much per column as the rest of the report's latency section
+together, and more than linearly (the values outgrow the CPU's caches).  Here a window of
+at least `LINEAR_FROM` values takes three statements that only count and join: each
+column's count and range (per group); how many values fall in each of `BINS` equal slices
+of that range (per group; `WINDOW_BINS` without groups); and, per group, the few values
+wanted of the few slices that hold the wanted ranks, picked by their rank inside their
+slice (DuckDB sorts only those slices).  The slice of a value, `round((x - lo) * scale)`,
+never decreases as x grows (each step is one correctly rounded IEEE operation, then a
+rounding to the nearest integer), so counting slices ranks values exactly, and the answer
+is the same order statistics `quantile_cont` interpolates between, interpolated as DuckDB
+1.5 does (`lo * (1 - d) + hi * d`): the same figure to the last bit, not an estimate
 (tests/analyzer/test_quantiles.py holds it to DuckDB's).
 
-Each statement reads every column at once (a UNION ALL of one branch per column over the
-`req` CTE, which is NOT MATERIALIZED, so each branch scans its own column only): 3
-statements instead of two per column.  What was measured at 10 M requests (8 columns,
-CPU-s): counting a column's slices costs ~0.13 (a hash aggregate on the integer slice;
-`floor(..)::BIGINT` clamped by `least()` cost ~0.17, a rounding cast needs neither); the
-values of the wanted slices are found by a hash join on the slice (~0.12 a column) where
-OR-ed `BETWEEN`s cost ~0.26 and `list_contains` ~0.35; and they are ranked in DuckDB
-(`list_sort`, then the wanted positions only): fetching whole slices to Python moved up
-to 540,000 rows a column (a long tail leaves most values in the first slices) and cost
-more than the scans.  Filtered aggregates (`count(*) FILTER`, `list() FILTER`) are no
-way to do several columns in one scan: 64 of them took 11 CPU-s.
+The second and third passes are one statement a column (over the `req` CTE, which is NOT
+MATERIALIZED, so each scans its own column only; one UNION ALL of them all can hang DuckDB
+1.5: `_Passes.run`), the first one for every column, or none where the caller counted the
+ranges with figures of its own (report.py: latency_bounds.sql).  What was measured at 10 M
+requests (8 columns, CPU-s): counting a column's slices costs ~0.13 (a hash aggregate on
+the integer slice; `floor(..)::BIGINT` clamped by `least()` cost ~0.17, a rounding cast
+needs neither); the values of the wanted slices are found by a hash join on the slice
+(~0.12 a column) where OR-ed `BETWEEN`s cost ~0.26 and `list_contains` ~0.35; and they are
+ranked in DuckDB (`list_sort`, then the wanted positions only): fetching whole slices to
+Python moved up to 540,000 rows a column (a long tail leaves most values in the first
+slices) and cost more than the scans.  Filtered aggregates (`count(*) FILTER`, `list()
+FILTER`) are no way to do several columns in one scan: 64 of them took 11 CPU-s.
+
+Tried at 10 M requests without gain (CPU-s, against ~0.12 + ~0.12 a column here):
+- the 8 columns' second passes as one `GROUP BY GROUPING SETS` (one scan, a hash table a
+  column): 1.29 against 1.0 as 8 statements; two columns' slices UNNESTed into one
+  (column, slice) group: 0.36-0.41 against 0.26; `histogram()` of the slices: 0.53;
+- narrowing each percentile from a sample (`TABLESAMPLE 1% (system)`, 0.06) and then, in
+  one statement, counting below and listing within each band: 64 `count_if`s alone took
+  2.8 (and a system sample's vectors of neighbouring requests made the bands wide);
+- finding the wanted slices' values by a value range pushed into the scan (`BETWEEN`,
+  then the exact slice): one range 0.08, the OR of a column's 4-8 ranges 0.26;
+- another slice expression: the rounding cast is most of the slice's ~0.06 (`::BIGINT`,
+  `::USMALLINT`, `trunc()` the same; `round()` keeps a DOUBLE, whose grouping costs more);
+- NumPy: fetching a column (`fetchnumpy`, 0.10-0.16) and `np.partition` at the 8 ranks
+  (0.13-0.29: 10 M values outgrow the caches): no less than the two passes; nor counting
+  the timeline's slices per time slice with `np.bincount` (fetch 0.32, counting and
+  picking 0.49 for its two columns).  NumPy pays where DuckDB
+  has already gathered the values per group (`array_quantiles`: report.py's timeline).
 """
 
 from __future__ import annotations
