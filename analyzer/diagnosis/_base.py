@@ -29,8 +29,9 @@ MAX_EXAMPLE_CANDIDATES = 50
 #: Time slices per window for the per-slice signals (arrival rate, load).
 TARGET_SLICES = 60
 MIN_SLICE_NS = 1_000_000_000
-#: Most rows of the window counted per time slice, tenant and class (`Context.slice_mix`) that
-#: the signals take: past it (tenants by the thousand) each signal runs its own query.
+#: Most rows the window may have counted per time slice, tenant and class (`Context.slice_mix`,
+#: slices × tenants × classes) for one pass: past it (tenants by the hundred, one per end user)
+#: each signal runs its own query.
 MAX_SLICE_MIX_ROWS = 20_000
 NICE_SLICE_SECONDS = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 
@@ -271,12 +272,23 @@ class Context:
         return f"{counts} ({'; '.join(said)})" if said else counts
 
     @cached_property
+    def carried(self) -> dict[str, Any]:
+        """Gives diag_signals' row, what the window's requests carry (coverage.read_signals),
+        read once: `slice_mix` sizes itself by it."""
+        return self.one("diag_signals")
+
+    @cached_property
     def slice_mix(self) -> list[dict[str, Any]] | None:
         """Gives diag_slice_mix's rows, the window counted once per time slice, tenant and
         class, which several signals add up (slice_mix.py) instead of reading every request
-        apart; None where they are more than MAX_SLICE_MIX_ROWS."""
-        rows = self.query("diag_slice_mix", [self.slice_ns, MAX_SLICE_MIX_ROWS + 1])
-        return rows if len(rows) <= MAX_SLICE_MIX_ROWS else None
+        apart; None where there may be more than MAX_SLICE_MIX_ROWS of them (slices × tenants
+        × classes, from `carried`), and the signals run their own queries."""
+        slices = int(self.overview.get("span_ns") or 0) // self.slice_ns + 2
+        tenants = int(self.carried.get("tenants") or 0) + 1  # and the requests of none
+        classes = max(len(self.carried.get("traffic_classes") or {}), 1)
+        if slices * tenants * classes > MAX_SLICE_MIX_ROWS:
+            return None
+        return self.query("diag_slice_mix", [self.slice_ns])
 
     @property
     def time_bounds(self) -> tuple[int, int]:

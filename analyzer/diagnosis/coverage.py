@@ -67,7 +67,7 @@ class Signals:
 
 def read_signals(ctx: Context) -> Signals:
     """Gives what the window's requests and the engines beside them carried."""
-    r = ctx.one("diag_signals")
+    r = ctx.carried  # diag_signals
     n = int(r.get("requests") or 0)
     if not n:
         return Signals()

@@ -6,8 +6,8 @@ tenant's volume) each read every request for a few counts and sums by time slice
 `Context.slice_mix` counts the window once per time slice, tenant and class (a few hundred
 rows), and each function here gives the rows its named query gave, from those: over a lake
 every statement opens a snapshot and decodes the Parquet again, so one pass saves twice.
-Where the window has too many of those rows (`MAX_SLICE_MIX_ROWS`: tenants by the thousand),
-each function runs its named query instead.
+Where the window may have too many of those rows (`MAX_SLICE_MIX_ROWS`: tenants by the
+hundred), the pass is not run and each function runs its named query instead.
 
 Counts are the same integers; a sum is the float sum of the rows' sums (`math.fsum`), the
 query's to its last digits (DuckDB sums in no fixed order either).  `tenant`,

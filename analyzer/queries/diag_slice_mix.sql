@@ -4,8 +4,8 @@
 -- the busy slices (diag_peak_tenants), batch_mode's sides (diag_batch_mode_sides) and
 -- big_tenants' volumes (diag_tenants).  Those five read every request apart: 0.79 CPU-s at
 -- 10 M requests, this one pass 0.33 (and over a lake one statement and one scan, not five).
--- At most ? rows: where tenants are many (one per end user), slice_mix.py takes none and
--- runs the five queries instead.
+-- Run only where its rows are surely few (`Context.slice_mix`: slices × tenants × classes);
+-- where tenants are many (one per end user) the signals run the five queries instead.
 SELECT
     start_ns // ?                                               AS slice,
     tenant,
@@ -19,4 +19,3 @@ SELECT
     coalesce(sum(coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0)), 0) AS tokens
 FROM req
 GROUP BY ALL
-LIMIT ?

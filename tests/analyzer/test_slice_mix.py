@@ -144,6 +144,9 @@ def test_the_drawn_windows_take_the_edges(tmp_path: Path) -> None:
     for seed in SEEDS:
         ctx = Context(_drawn(tmp_path / f"w{seed}.duckdb", seed), Filters())
         mix = ctx.slice_mix or []
+        # the bound Context.slice_mix runs the pass under is never below its rows
+        bound = (int(ctx.overview["span_ns"]) // ctx.slice_ns + 2) * (ctx.carried["tenants"] + 1)
+        assert len(mix) <= bound * len(ctx.carried["traffic_classes"])
         slices = {r["slice"] for r in mix}
         seen.add("few slices" if len(slices) < slice_mix.DECILES else "many slices")
         seen |= {"unnamed" for r in mix if r["tenant"] == ""}
@@ -172,15 +175,18 @@ def test_a_report_counts_the_slices_once(write_workload) -> None:  # type: ignor
 def test_too_many_rows_run_the_queries_apart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Past MAX_SLICE_MIX_ROWS (tenants by the thousand) the pass gives nothing, and each
-    signal runs its own query: the same figures."""
+    """Where the pass may give more than MAX_SLICE_MIX_ROWS rows (tenants by the hundred) it
+    is not run, and each signal runs its own query: the same figures."""
     conn = _drawn(tmp_path / "w.duckdb", 3)
     whole = Context(conn, Filters())
     assert whole.slice_mix is not None
     monkeypatch.setattr(_base, "MAX_SLICE_MIX_ROWS", 1)
-    apart = Context(conn, Filters())
+    recorder = StatementRecorder(conn)
+    apart = Context(recorder, Filters())  # type: ignore[arg-type]
     assert apart.slice_mix is None
     assert slice_mix.per_slice(apart) == apart.query("diag_peak", [apart.slice_ns])
     _rows_alike(slice_mix.per_slice(whole), slice_mix.per_slice(apart), "slice")
     assert slice_mix.tenant_volumes(apart, None) == slice_mix.tenant_volumes(whole, None)
     assert slice_mix.batch_sides(apart) == slice_mix.batch_sides(whole)
+    mix = compose(apart.cte, queries.load("diag_slice_mix"))
+    assert all(s != mix for s, _ in recorder.statements)
