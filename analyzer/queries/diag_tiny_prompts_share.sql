@@ -6,10 +6,18 @@
 -- out; the medians (diag_tiny_prompts) read every request, about 3 CPU-s at 10 M requests,
 -- where this check reads 0.2.
 -- The bar is the quartile of the prompt sizes capped, the same figure as the quartile
--- capped (a cap keeps the sizes' order) and quicker to pick: the capped sizes repeat.
-WITH cut AS (
-    SELECT quantile_disc(least(prompt_tokens, ?), 0.25) AS tokens
+-- capped (a cap keeps the sizes' order) and quicker to pick: the capped sizes repeat.  It is
+-- picked from the count of each capped size (a few hundred rows) as quantile_disc picks it,
+-- the size of rank ceil(n / 4) counted from 1 (0.28 -> 0.24 CPU-s at 10 M requests).
+WITH sizes AS (
+    SELECT least(prompt_tokens, ?) AS tokens, count(*) AS n
     FROM req WHERE prompt_tokens IS NOT NULL
+    GROUP BY 1
+),
+cut AS (
+    SELECT min(tokens) AS tokens
+    FROM (SELECT tokens, sum(n) OVER (ORDER BY tokens) AS upto, sum(n) OVER () AS total FROM sizes)
+    WHERE 4 * upto >= total
 ),
 {first_token_waits},
 b AS (
