@@ -1,4 +1,6 @@
--- Window-wide numbers every diagnosis signal compares against.
+-- Window-wide numbers every diagnosis signal compares against.  (last_end_ns's cast of every
+-- E2E to ns is half of its 0.18 CPU-s at 10 M requests; folded into diag_signals' pass, the
+-- two cost more than apart: see there.)
 SELECT
     count(*)                                                    AS n,
     min(start_ns)                                               AS first_ns,
