@@ -128,6 +128,5 @@ def tenant_volumes(ctx: Context, cls: str | None) -> list[dict[str, Any]]:
             continue
         n[tenant] += r["n"]
         tokens[tenant] += r["tokens"]
-    rows = [{"tenant": t, "n": n[t], "tokens": tokens[t]} for t in n]
-    rows.sort(key=lambda r: (-r["tokens"], -r["n"], r["tenant"]))
-    return rows
+    order = sorted(n, key=lambda t: (-tokens[t], -n[t], t))
+    return [{"tenant": t, "n": n[t], "tokens": tokens[t]} for t in order]
