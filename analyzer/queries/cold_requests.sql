@@ -4,7 +4,9 @@
 -- latter only where the window shows at least ? instances (with one instance its first
 -- request in the window is just the window's edge, not a start).  The instance counts read
 -- `req` only, so filters (service, window) bound them too.  A query includes them as
--- `{cold_requests}` in its WITH list; `cold_req` is each request with `cold`.
+-- `{cold_requests}` in its WITH list; `cold_req` is each request with `cold`.  The report's
+-- queries read `cold_set` instead (the cold requests found from the few that can be cold, no
+-- flag on every request); this plain definition is what the tests hold `cold_set` to.
 -- The engine start-ups each request falls in are one join (engine_starts is small), not a
 -- subquery per request; the instance count is counted from `first_ns`, so `firsts` is read once.
 after_starts AS (

@@ -5,7 +5,8 @@ diag_cold_start flags every request cold or warm and takes the median wait of ev
 from the few requests that can be cold, and counts the warm waits above a bar drawn from the
 cold median; `detect` runs the full query only where the counts cannot rule the finding out.
 Held here to the full query on windows drawn at random with the edges that matter: requests
-tied at an instance's first instant (the least ids pick its first), one instance or several,
+tied at an instance's first instant (the least ids pick its first), instances that start at
+the same instant, one instance or several,
 two services, requests with no instance, the SDK's marks, engine start-ups (one of an instance
 the window does not show), waits from the client's TTFT or the E2E where the server's is
 missing, and a window that starts after the traffic did.
@@ -112,8 +113,11 @@ def _window(rng: random.Random, cold_factor: float) -> tuple[list[Row], list[Sta
         trace_id = f"{rng.getrandbits(128):032x}"
         rows.append((service, instance, trace_id, t, server, client, wait + 100.0, marked))
 
+    firsts: list[int] = []
     for service, instance in instances:
-        first = rng.randrange(0, 30_000)
+        # now and then at another instance's first instant: warm requests at a cold instant
+        first = rng.choice(firsts) if firsts and rng.random() < 0.3 else rng.randrange(0, 30_000)
+        firsts.append(first)
         for _ in range(rng.choice([1, 1, 2, 3])):  # ties at the first instant
             add(service, instance, first, slow=True)
         for _ in range(rng.choice([5, 15, 60, 200])):
@@ -191,6 +195,37 @@ def test_the_affected_cold_requests_are_those_cold_requests_flags(
     expected = [dict(zip(("trace_id", "kept", "matched"), r, strict=True)) for r in cur.fetchall()]
     got = ctx.query("affected_cold_start", FULL_ARGS)
     assert got == expected
+
+
+#: diag_cold_start as it read `cold_requests`' flag on every request (before `cold_set`)
+FLAGGED_SIDES = """
+WITH {cold_requests},
+r AS (
+    SELECT *, coalesce(ttft_ms, ttft_client_ms, e2e_ms) AS wait FROM cold_req
+)
+SELECT cold, count(*) AS n, median(wait) AS wait_p50,
+       count(DISTINCT (service, instance)) FILTER (WHERE cold) AS instances,
+       count(*) FILTER (WHERE cold_start) AS marked,
+       count(*) FILTER (WHERE after_start) AS after_start, sum(e2e_ms) AS e2e_total
+FROM r GROUP BY cold
+"""
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_full_querys_sides_are_those_cold_requests_flags(tmp_path: Path, seed: int) -> None:
+    """diag_cold_start's warm side is every request but `cold_set`'s: the same sides as the
+    flag on every request gives (the sums of E2E alike but for their order)."""
+    ctx = _drawn(tmp_path, seed)
+    cur = ctx.conn.execute(
+        compose(ctx.cte, queries.include(FLAGGED_SIDES)), [*ctx.params, *FULL_ARGS]
+    )
+    cols = [d[0] for d in cur.description or []]
+    expected = {r[0]: dict(zip(cols, r, strict=True)) for r in cur.fetchall()}
+    got = {r["cold"]: r for r in ctx.query("diag_cold_start", FULL_ARGS)}
+    assert got.keys() == expected.keys()
+    for side, row in got.items():
+        assert row.pop("e2e_total") == pytest.approx(expected[side].pop("e2e_total"), rel=1e-12)
+        assert row == expected[side]
 
 
 def _alike(a: Any, b: Any) -> None:
