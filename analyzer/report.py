@@ -179,6 +179,13 @@ def itl_histogram(
     ]
 
 
+def _slice_figures(values: Any, quantiles: tuple[float, ...]) -> list[float | None]:
+    """Gives a time slice's `quantile_cont` at each of `quantiles` of `values` (its list, as
+    NumPy); None each where the slice has none (no TTFT)."""
+    figures = array_quantiles(values, quantiles)
+    return [None] * len(quantiles) if figures is None else [*figures]
+
+
 def timeline(conn: duckdb.DuckDBPyConnection, filters: Filters, span_ns: int) -> dict[str, Any]:
     """Gives e2e / TTFT percentiles per time slice (about 60 slices over the window)."""
     from tokentrace.analyzer.diagnosis._base import NICE_SLICE_SECONDS, TARGET_SLICES
@@ -192,8 +199,8 @@ def timeline(conn: duckdb.DuckDBPyConnection, filters: Filters, span_ns: int) ->
     ).fetchnumpy()
     points = []
     for i, start in enumerate(cols["slice_start_ns"]):
-        e2e = array_quantiles(cols["e2e"][i], (0.5, 0.95, 0.99)) or [None] * 3
-        ttft = array_quantiles(cols["ttft"][i], (0.5, 0.95)) or [None] * 2
+        e2e = _slice_figures(cols["e2e"][i], (0.5, 0.95, 0.99))
+        ttft = _slice_figures(cols["ttft"][i], (0.5, 0.95))
         share = cols["queue_share"][i]  # masked where the slice's E2E time adds up to 0
         points.append(
             {
