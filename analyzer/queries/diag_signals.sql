@@ -3,10 +3,11 @@
 -- token times came from through its flags and convention.
 -- Counted per tenant, class, environment, service and instance first (a few hundred rows),
 -- then those added up: the DISTINCT counts and the histograms over every request were most
--- of this query (0.51 CPU-s at 10 M requests; counted per group 0.43).  Counts only, so the
--- figures are the same in any order.  (Folding diag_overview's numbers into this pass cost
--- more than the two apart, 0.60-0.73 against 0.69: its float sums, added up per group, differ
--- from a lake's in their last digits unless summed as integers, the dearest.)
+-- of this query (0.52 CPU-s at 10 M requests; counted per group 0.45).  Counts only, so the
+-- figures are the same in any order.  (Folding diag_overview's numbers into this pass saved
+-- nothing in the file: 0.60 as a second grouping set or summed per group, 0.73 summed per
+-- group as integers, against 0.45 + 0.18 apart; summed per group, its float sums differ from
+-- a lake's in their last digits.  Over a lake it would save a scan: about 0.3 CPU-s.)
 -- Counts are count_if, not `FILTER (WHERE ...)`: DuckDB 1.5 runs a filtered aggregate apart
 -- (fifteen cost 0.80 CPU-s against 0.53, the same figures).
 WITH r AS (
