@@ -7,7 +7,8 @@
 -- figures are the same in any order.  (Folding diag_overview's numbers into this pass saved
 -- nothing in the file: 0.60 as a second grouping set or summed per group, 0.73 summed per
 -- group as integers, against 0.45 + 0.18 apart; summed per group, its float sums differ from
--- a lake's in their last digits.  Over a lake it would save a scan: about 0.3 CPU-s.)
+-- a lake's in their last digits.  Over a lake it may save part of the overview's own 0.30
+-- CPU-s: not measured.)
 -- Counts are count_if, not `FILTER (WHERE ...)`: DuckDB 1.5 runs a filtered aggregate apart
 -- (fifteen cost 0.80 CPU-s against 0.53, the same figures).
 WITH r AS (
