@@ -14,7 +14,6 @@ a heavy request that ends before it starts.
 from __future__ import annotations
 
 import random
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,8 @@ from tokentrace.analyzer.diagnosis import batch_mode, big_tenants
 from tokentrace.analyzer.diagnosis._base import INSIDE, Context, compose
 from tokentrace.analyzer.filters import Filters
 from tokentrace.store.connection import open_db
+
+from .alike import findings_alike
 
 T0_NS = 1_750_000_000 * 10**9
 MS = 10**6
@@ -149,12 +150,6 @@ def test_the_counts_below_the_bar_are_the_sweeps(tmp_path: Path) -> None:
     assert 0 < below < n
 
 
-def _findings_alike(a: Any, b: Any) -> None:
-    assert (a is None) == (b is None)
-    if a is not None:
-        assert asdict(a) == asdict(b)
-
-
 def _drawn(path: Path, seed: int) -> duckdb.DuckDBPyConnection:
     """A window where the light requests beside heavy ones are hardly slower, or far slower
     (the finding)."""
@@ -177,8 +172,8 @@ def test_a_first_check_that_rules_out_agrees_with_the_sweep(
     monkeypatch.setattr(batch_mode, "_request_contrast_needed", lambda ctx, has_steps: True)
     monkeypatch.setattr(big_tenants, "_beside_surely_none", lambda ctx, heavy, cls: False)
     ctx = Context(conn, Filters())
-    _findings_alike(checked_batch, batch_mode.detect(ctx))
-    _findings_alike(
+    findings_alike(checked_batch, batch_mode.detect(ctx))
+    findings_alike(
         checked_tenants, big_tenants._beside_heavy(ctx, ["big"], ["a", "b"], None, 0.5, 1000.0)
     )
 
