@@ -44,8 +44,8 @@ Tried at 10 M requests without gain (CPU-s, against ~0.12 + ~0.12 a column here)
 - NumPy: fetching a column (`fetchnumpy`, 0.10-0.16) and `np.partition` at the 8 ranks
   (0.13-0.29: 10 M values outgrow the caches): no less than the two passes; nor counting
   the timeline's slices per time slice with `np.bincount` (fetch 0.32, counting and
-  picking 0.49 for its two columns).  NumPy pays where DuckDB
-  has already gathered the values per group (`array_quantiles`: report.py's timeline).
+  picking 0.49 for its two columns); nor the timeline's lists taken in NumPy (see
+  queries/timeline.sql).
 """
 
 from __future__ import annotations
@@ -57,7 +57,6 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import duckdb
-import numpy as np
 
 #: Below this many values the window's `quantile_cont` is as quick: it is used as it is.
 LINEAR_FROM = 200_000
@@ -298,20 +297,3 @@ def _interpolate(low: float, high: float, below: int, above: int, d: float) -> f
     """Gives `quantile_cont`'s figure between order statistics `low` and `high` (ranks
     `below`, `above`; `d` past `low`), computed as DuckDB 1.5 does, to the bit."""
     return low if below == above else low * (1 - d) + high * d
-
-
-def array_quantiles(values: Any, quantiles: Sequence[float]) -> list[float] | None:
-    """Gives `quantile_cont` at each of `quantiles` of `values` (a NumPy array, masked where
-    SQL had NULLs, as DuckDB's `fetchnumpy` gives a list), to the bit; None where it has no
-    value.  For lists DuckDB already gathered per group (report.py's timeline): numpy's
-    selection (`partition` at the wanted ranks) costs less than `quantile_cont`'s own."""
-    present = np.ma.compressed(values)
-    if not len(present):
-        return None
-    ranks = [_between(len(present), q) for q in quantiles]
-    at = sorted({r for below, above, _ in ranks for r in (below, above)})
-    ordered = np.partition(present, at)
-    return [
-        _interpolate(float(ordered[below]), float(ordered[above]), below, above, d)
-        for below, above, d in ranks
-    ]

@@ -12,14 +12,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import duckdb
-import numpy as np
 
 from tokentrace.analyzer import queries
 from tokentrace.analyzer.diagnosis import Context, diagnose
 from tokentrace.analyzer.diagnosis.coverage import coverage, read_signals
 from tokentrace.analyzer.filters import Filters
 from tokentrace.analyzer.itl_window import window_itl_counts
-from tokentrace.analyzer.quantiles import LINEAR_FROM, array_quantiles, window_quantiles
+from tokentrace.analyzer.quantiles import LINEAR_FROM, window_quantiles
 from tokentrace.store.schema import ITL_BUCKET_BOUNDS_MS
 
 PERCENTILES = ("p50", "p90", "p95", "p99")
@@ -29,10 +28,6 @@ ITL_BUCKET_RATIO = ITL_BUCKET_BOUNDS_MS[1] / ITL_BUCKET_BOUNDS_MS[0]
 BUCKETS = ("network", "queue", "prefill", "decode")
 #: the per-request latencies whose percentiles the report gives: name → column of `req`
 LATENCY_COLUMNS = {name: f"{name}_ms" for name in ("e2e", "ttft", "ttft_client", "tpot", *BUCKETS)}
-
-
-def _round(value: float | None, digits: int) -> float | None:
-    return None if value is None else round(value, digits)
 
 
 def _pcts(values: list[float] | None) -> dict[str, float | None]:
@@ -179,39 +174,25 @@ def itl_histogram(
     ]
 
 
-def _slice_figures(values: Any, quantiles: tuple[float, ...]) -> list[float | None]:
-    """Gives a time slice's `quantile_cont` at each of `quantiles` of `values` (its list, as
-    NumPy); None each where the slice has none (no TTFT)."""
-    figures = array_quantiles(values, quantiles)
-    return [None] * len(quantiles) if figures is None else [*figures]
-
-
 def timeline(conn: duckdb.DuckDBPyConnection, filters: Filters, span_ns: int) -> dict[str, Any]:
     """Gives e2e / TTFT percentiles per time slice (about 60 slices over the window)."""
     from tokentrace.analyzer.diagnosis._base import NICE_SLICE_SECONDS, TARGET_SLICES
 
     raw = max(10**9, span_ns // TARGET_SLICES)
     slice_ns = next((s * 10**9 for s in NICE_SLICE_SECONDS if s * 10**9 >= raw), raw)
-    cte, params = filters.cte()
-    # NumPy arrays: the slices' values reach Python as lists of arrays, never as floats
-    cols = conn.execute(
-        f"{cte}\n{queries.load('timeline')}", [*params, slice_ns, slice_ns]
-    ).fetchnumpy()
+    _, rows = run_query(conn, "timeline", filters, [slice_ns, slice_ns])
     points = []
-    for i, start in enumerate(cols["slice_start_ns"]):
-        e2e = _slice_figures(cols["e2e"][i], (0.5, 0.95, 0.99))
-        ttft = _slice_figures(cols["ttft"][i], (0.5, 0.95))
-        share = cols["queue_share"][i]  # masked where the slice's E2E time adds up to 0
+    for start, n, e2e, ttft, queue_share in rows:
         points.append(
             {
                 "start_ns": int(start),
-                "requests": int(cols["requests"][i]),
-                "e2e_p50": _round(e2e[0], 3),
-                "e2e_p95": _round(e2e[1], 3),
-                "e2e_p99": _round(e2e[2], 3),
-                "ttft_p50": _round(ttft[0], 3),
-                "ttft_p95": _round(ttft[1], 3),
-                "queue_share": None if np.ma.is_masked(share) else round(float(share), 4),
+                "requests": int(n),
+                "e2e_p50": round(e2e[0], 3),
+                "e2e_p95": round(e2e[1], 3),
+                "e2e_p99": round(e2e[2], 3),
+                "ttft_p50": None if ttft is None or ttft[0] is None else round(ttft[0], 3),
+                "ttft_p95": None if ttft is None or ttft[1] is None else round(ttft[1], 3),
+                "queue_share": None if queue_share is None else round(queue_share, 4),
             }
         )
     return {"slice_ns": slice_ns, "points": points}

@@ -10,13 +10,7 @@ import pytest
 
 from tokentrace.analyzer import report
 from tokentrace.analyzer.filters import Filters
-from tokentrace.analyzer.quantiles import (
-    BINS,
-    WINDOW_BINS,
-    array_quantiles,
-    grouped_quantiles,
-    window_quantiles,
-)
+from tokentrace.analyzer.quantiles import BINS, WINDOW_BINS, grouped_quantiles, window_quantiles
 from tokentrace.analyzer.report import LATENCY_COLUMNS, QUANTILES
 from tokentrace.store.connection import open_db
 
@@ -191,77 +185,3 @@ def test_a_window_picking_few_of_its_time_range_skips_the_linear_passes(
     assert report._linear_from(conn, Filters(start_ns=T0 + 10**10)) == 0
     assert report._linear_from(conn, Filters(tenant="b")) == 20_000 // 3
     assert report._linear_from(conn, Filters(tenant="b", start_ns=T0 + 10**10)) == 10_000 // 3
-
-
-def test_array_quantiles_give_duckdbs_quantile_cont_exactly(
-    conn: duckdb.DuckDBPyConnection,
-) -> None:
-    """Each tenant's list of each latency (NULLs masked, one value, none) as DuckDB fetches
-    it gives the tenant's `quantile_cont`."""
-    qs = (0.0, 0.25, 0.5, 0.9, 0.95, 0.99, 1.0)
-    exprs = [*LATENCY_COLUMNS.values(), "coalesce(ttft_ms, ttft_client_ms)"]
-    lists = ", ".join(f"list({e}) AS l{i}" for i, e in enumerate(exprs))
-    duck_sql = ", ".join(f"quantile_cont({e}, {list(qs)}) AS q{i}" for i, e in enumerate(exprs))
-    cte, params = Filters(start_ns=T0 + 10**9).cte()
-    sql = f"{cte}\nSELECT tenant, {lists}, {duck_sql} FROM req GROUP BY tenant ORDER BY tenant"
-    got = conn.execute(sql, params).fetchnumpy()
-    duck = conn.execute(sql, params).fetchall()
-    assert len(duck) == 3
-    for t, row in enumerate(duck):
-        for i in range(len(exprs)):
-            want = row[1 + len(exprs) + i]
-            assert array_quantiles(got[f"l{i}"][t], qs) == (None if want is None else list(want))
-    assert array_quantiles(got["l2"][0], qs) is None  # ttft_client: every value NULL
-    assert array_quantiles(got["l6"][0], qs) == [42.0] * len(qs)  # prefill: one value
-
-
-@pytest.mark.parametrize(
-    ("filters", "span_ns"),
-    [
-        (Filters(start_ns=T0 + 10**9), 19_000 * 10**6),
-        (Filters(start_ns=T0 + 11 * 10**6, end_ns=T0 + 12 * 10**6), 0),  # its TTFT NULL
-        (Filters(start_ns=T0, end_ns=T0 + 2 * 10**6), -1),  # no E2E time: no queue share
-    ],
-)
-def test_the_timeline_gives_each_slices_quantile_cont(
-    conn: duckdb.DuckDBPyConnection, tmp_path: Path, filters: Filters, span_ns: int
-) -> None:
-    """report.timeline's per-slice figures (lists taken in NumPy) are `quantile_cont`'s."""
-    if span_ns < 0:  # two requests of 0 ms
-        db = tmp_path / "zero.duckdb"
-        writer = open_db(db)
-        writer.execute(ROWS.format(t0=T0, n=2))
-        writer.execute("UPDATE requests SET e2e_ms = 0, queue_ms = 0")
-        writer.close()
-        conn = duckdb.connect(str(db), read_only=True)
-        span_ns = 10**6
-    cte, params = filters.cte()
-    got = report.timeline(conn, filters, span_ns)
-    slice_ns = got["slice_ns"]
-    rows = conn.execute(
-        f"{cte}\nSELECT start_ns // ? * ?, count(*), quantile_cont(e2e_ms, [0.5, 0.95, 0.99]),"
-        " quantile_cont(coalesce(ttft_ms, ttft_client_ms), [0.5, 0.95]),"
-        " sum(queue_ms) / nullif(sum(e2e_ms), 0) FROM req GROUP BY 1 ORDER BY 1",
-        [*params, slice_ns, slice_ns],
-    ).fetchall()
-    assert len(rows) > (10 if span_ns > 10**9 else 0)
-    want = [
-        {
-            "start_ns": start,
-            "requests": n,
-            **{f"e2e_{p}": round(v, 3) for p, v in zip(("p50", "p95", "p99"), e2e, strict=True)},
-            **{
-                f"ttft_{p}": None if ttft is None else round(ttft[k], 3)
-                for k, p in enumerate(("p50", "p95"))
-            },
-            "queue_share": None if share is None else round(share, 4),
-        }
-        for start, n, e2e, ttft, share in rows
-    ]
-    assert got["points"] == want
-    assert all(type(v) in (int, float) for p in got["points"] for v in p.values() if v is not None)
-    if span_ns == 0:
-        assert got["points"][0]["ttft_p50"] is None
-    if span_ns == 10**6:
-        assert got["points"][0]["queue_share"] is None
-        conn.close()
