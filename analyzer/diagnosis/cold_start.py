@@ -56,8 +56,9 @@ def _clears(cold_p50: float | None, warm_p50: float | None) -> bool:
 
 
 def _may_fire(ctx: Context) -> bool:
-    """The first check (diag_cold_first: the cold side exactly, the warm side counted, 0.2
-    CPU-s at 10 M requests against diag_cold_start's 0.7): False where `detect` surely finds
+    """The first check (diag_cold_first: the cold side exactly, the warm side counted, 0.22
+    CPU-s at 10 M requests, 0.39 over a lake, against diag_cold_start's 0.58 and 0.82, the
+    warm median most of it): False where `detect` surely finds
     nothing, True where only diag_cold_start can tell.  The counts rule the contrast out where
     more than half of the warm waits are above the bar: then the warm median is at least the
     lower middle wait, above the bar, and a warm median at or above the bar does not clear it

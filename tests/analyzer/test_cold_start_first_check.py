@@ -1,15 +1,16 @@
-"""cold_start's first check (diag_cold_first) held to the full query (diag_cold_start).
+"""cold_start's first check (diag_cold_first) held to the full computation.
 
-diag_cold_start flags every request cold or warm and takes the median wait of every warm one
-(0.7 CPU-s at 10 M requests, 2.7 over a lake).  The first check finds the cold side alone,
-from the few requests that can be cold, and counts the warm waits above a bar drawn from the
-cold median; `detect` runs the full query only where the counts cannot rule the finding out.
-Held here to the full query on windows drawn at random with the edges that matter: requests
-tied at an instance's first instant (the least ids pick its first), instances that start at
-the same instant, one instance or several,
-two services, requests with no instance, the SDK's marks, engine start-ups (one of an instance
-the window does not show), waits from the client's TTFT or the E2E where the server's is
-missing, and a window that starts after the traffic did.
+diag_cold_start flagged every request cold or warm (`cold_requests`) and took the median wait
+of every warm one (0.7 CPU-s at 10 M requests, 2.7 over a lake).  The first check finds the
+cold side alone (`cold_set`: from the few requests that can be cold) and counts the warm waits
+above a bar drawn from the cold median; `detect` runs diag_cold_start only where the counts
+cannot rule the finding out.  diag_cold_start and affected_cold_start read `cold_set` too.
+All are held here to `cold_requests`' flag on every request, and `detect` to itself without
+the first check, on windows drawn at random with the edges that matter: requests tied at an
+instance's first instant (the least ids pick its first), instances that start at the same
+instant, one instance or several, two services, requests with no instance, the SDK's marks,
+engine start-ups (one of an instance the window does not show), waits from the client's TTFT
+or the E2E where the server's is missing, and a window that starts after the traffic did.
 """
 
 from __future__ import annotations
@@ -153,6 +154,29 @@ def _drawn(tmp_path: Path, seed: int) -> Context:
     return Context(_write(tmp_path / f"w{seed}.duckdb", rows, starts), _filters(rng))
 
 
+#: diag_cold_start as it read `cold_requests`' flag on every request (before `cold_set`)
+FLAGGED_SIDES = """
+WITH {cold_requests},
+r AS (
+    SELECT *, coalesce(ttft_ms, ttft_client_ms, e2e_ms) AS wait FROM cold_req
+)
+SELECT cold, count(*) AS n, median(wait) AS wait_p50,
+       count(DISTINCT (service, instance)) FILTER (WHERE cold) AS instances,
+       count(*) FILTER (WHERE cold_start) AS marked,
+       count(*) FILTER (WHERE after_start) AS after_start, sum(e2e_ms) AS e2e_total
+FROM r GROUP BY cold
+"""
+
+
+def _flagged_sides(ctx: Context) -> dict[bool, dict[str, Any]]:
+    """Gives the cold and the warm side as `cold_requests`' flag on every request makes them."""
+    cur = ctx.conn.execute(
+        compose(ctx.cte, queries.include(FLAGGED_SIDES)), [*ctx.params, *FULL_ARGS]
+    )
+    cols = [d[0] for d in cur.description or []]
+    return {r[0]: dict(zip(cols, r, strict=True)) for r in cur.fetchall()}
+
+
 def _warm_counts(ctx: Context, bar: float | None) -> tuple[int, int]:
     """Counts the warm waits, and those above `bar` (NaN not), as cold_requests flags them."""
     sql = queries.include(
@@ -169,7 +193,7 @@ def _warm_counts(ctx: Context, bar: float | None) -> tuple[int, int]:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_the_first_checks_cold_side_is_the_full_querys(tmp_path: Path, seed: int) -> None:
     ctx = _drawn(tmp_path, seed)
-    full = {r["cold"]: r for r in ctx.query("diag_cold_start", FULL_ARGS)}
+    full = _flagged_sides(ctx)
     first = ctx.one("diag_cold_first", FIRST_ARGS)
     cold, warm = full.get(True), full.get(False)
     assert first["cold_n"] == (cold["n"] if cold else 0)
@@ -197,30 +221,12 @@ def test_the_affected_cold_requests_are_those_cold_requests_flags(
     assert got == expected
 
 
-#: diag_cold_start as it read `cold_requests`' flag on every request (before `cold_set`)
-FLAGGED_SIDES = """
-WITH {cold_requests},
-r AS (
-    SELECT *, coalesce(ttft_ms, ttft_client_ms, e2e_ms) AS wait FROM cold_req
-)
-SELECT cold, count(*) AS n, median(wait) AS wait_p50,
-       count(DISTINCT (service, instance)) FILTER (WHERE cold) AS instances,
-       count(*) FILTER (WHERE cold_start) AS marked,
-       count(*) FILTER (WHERE after_start) AS after_start, sum(e2e_ms) AS e2e_total
-FROM r GROUP BY cold
-"""
-
-
 @pytest.mark.parametrize("seed", SEEDS)
 def test_the_full_querys_sides_are_those_cold_requests_flags(tmp_path: Path, seed: int) -> None:
     """diag_cold_start's warm side is every request but `cold_set`'s: the same sides as the
     flag on every request gives (the sums of E2E alike but for their order)."""
     ctx = _drawn(tmp_path, seed)
-    cur = ctx.conn.execute(
-        compose(ctx.cte, queries.include(FLAGGED_SIDES)), [*ctx.params, *FULL_ARGS]
-    )
-    cols = [d[0] for d in cur.description or []]
-    expected = {r[0]: dict(zip(cols, r, strict=True)) for r in cur.fetchall()}
+    expected = _flagged_sides(ctx)
     got = {r["cold"]: r for r in ctx.query("diag_cold_start", FULL_ARGS)}
     assert got.keys() == expected.keys()
     for side, row in got.items():
