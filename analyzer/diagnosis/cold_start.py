@@ -58,12 +58,12 @@ def _clears(cold_p50: float | None, warm_p50: float | None) -> bool:
 def _may_fire(ctx: Context) -> bool:
     """The first check (diag_cold_first: the cold side exactly, the warm side counted, 0.22
     CPU-s at 10 M requests, 0.39 over a lake, against diag_cold_start's 0.58 and 0.82, the
-    warm median most of it): False where `detect` surely finds
-    nothing, True where only diag_cold_start can tell.  The counts rule the contrast out where
-    more than half of the warm waits are above the bar: then the warm median is at least the
-    lower middle wait, above the bar, and a warm median at or above the bar does not clear it
-    where the bar itself does not (ratio and gain only fall as the warm median rises, in
-    floats too: the bar is checked here, in the reader's own arithmetic, not trusted)."""
+    warm median most of it): False where `detect` surely finds nothing, True where only
+    diag_cold_start can tell.  The counts rule the contrast out where more than half of the
+    warm waits are above the bar: then the warm median is at least the lower middle wait,
+    above the bar, and a warm median at or above the bar does not clear it where the bar itself
+    does not (ratio and gain only fall as the warm median rises, in floats too, for a cold
+    median above 0: the bar is checked here, in the reader's own arithmetic, not trusted)."""
     first = ctx.one(
         "diag_cold_first",
         [AFTER_START_NS, MIN_INSTANCES, MIN_RATIO * INSIDE, MIN_GAIN_MS * INSIDE],
