@@ -16,7 +16,6 @@ or the E2E where the server's is missing, and a window that starts after the tra
 from __future__ import annotations
 
 import random
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,8 @@ from tokentrace.analyzer.diagnosis import cold_start
 from tokentrace.analyzer.diagnosis._base import INSIDE, Context, compose
 from tokentrace.analyzer.filters import Filters
 from tokentrace.store.connection import open_db
+
+from .alike import findings_alike
 
 T0_NS = 1_750_000_000 * 10**9
 MS = 10**6
@@ -234,12 +235,6 @@ def test_the_full_querys_sides_are_those_cold_requests_flags(tmp_path: Path, see
         assert row == expected[side]
 
 
-def _alike(a: Any, b: Any) -> None:
-    assert (a is None) == (b is None)
-    if a is not None:
-        assert asdict(a) == asdict(b)
-
-
 @pytest.mark.parametrize("seed", SEEDS)
 def test_the_finding_is_the_same_with_the_first_check_as_without(
     tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
@@ -247,7 +242,7 @@ def test_the_finding_is_the_same_with_the_first_check_as_without(
     ctx = _drawn(tmp_path, seed)
     checked = cold_start.detect(ctx)
     monkeypatch.setattr(cold_start, "_may_fire", lambda ctx: True)
-    _alike(checked, cold_start.detect(Context(ctx.conn, ctx.filters)))
+    findings_alike(checked, cold_start.detect(Context(ctx.conn, ctx.filters)))
 
 
 def test_the_drawn_windows_take_every_path(tmp_path: Path) -> None:
