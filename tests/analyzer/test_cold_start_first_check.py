@@ -30,6 +30,7 @@ from tokentrace.analyzer.filters import Filters
 from tokentrace.store.connection import open_db
 
 from .alike import findings_alike
+from .requests_rows import insert_requests
 
 T0_NS = 1_750_000_000 * 10**9
 MS = 10**6
@@ -51,34 +52,25 @@ Start = tuple[str, str, int, int]
 def _write(path: Path, rows: list[Row], starts: list[Start]) -> duckdb.DuckDBPyConnection:
     conn = open_db(path)
     cols = list(zip(*rows, strict=True))
-    conn.execute(
-        """
-        INSERT INTO requests BY NAME
-        SELECT service, instance, trace_id, 'r' || i AS request_id, start_ns, e2e_ms, ttft_ms,
-               ttft_client_ms, 20.0 AS tpot_ms, 1.0 AS queue_ms, 1.0 AS prefill_ms,
-               0.0 AS decode_ms, e2e_ms AS server_ms, 1.0 AS queue_wait_ms, 0.0 AS tokenize_ms,
-               0.0 AS other_ms, 'm' AS model, 't' AS tenant, 'interactive' AS traffic_class,
-               '' AS environment, '/v1' AS route, cold_start, false AS error, 'test' AS source,
-               []::VARCHAR[] AS flags, i % 3 = 0 AS kept, 'dropped' AS sample_reason,
-               1.0 AS sample_weight
-        FROM (
-            SELECT unnest(?) AS service, unnest(?) AS instance, unnest(?) AS trace_id,
-                   unnest(?) AS start_ns, unnest(?::DOUBLE[]) AS ttft_ms,
-                   unnest(?::DOUBLE[]) AS ttft_client_ms, unnest(?) AS e2e_ms,
-                   unnest(?) AS cold_start, unnest(range(len(?))) AS i
-        )
-        """,
-        [
-            list(cols[0]),
-            list(cols[1]),
-            list(cols[2]),
-            [T0_NS + t * MS for t in cols[3]],
-            list(cols[4]),
-            list(cols[5]),
-            list(cols[6]),
-            list(cols[7]),
-            list(cols[0]),
-        ],
+    insert_requests(
+        conn,
+        {
+            "service": cols[0],
+            "instance": cols[1],
+            "trace_id": cols[2],
+            "start_ns": [T0_NS + t * MS for t in cols[3]],
+            "ttft_ms": cols[4],
+            "ttft_client_ms": cols[5],
+            "e2e_ms": cols[6],
+            "cold_start": cols[7],
+        },
+        {
+            "tpot_ms": "20.0",
+            "queue_ms": "1.0",
+            "prefill_ms": "1.0",
+            "queue_wait_ms": "1.0",
+            "kept": "i % 3 = 0",
+        },
     )
     for k, (service, instance, start, end) in enumerate(starts):
         conn.execute(

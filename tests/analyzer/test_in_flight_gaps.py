@@ -28,6 +28,7 @@ from tokentrace.analyzer.filters import Filters
 from tokentrace.store.connection import open_db
 
 from .alike import findings_alike
+from .requests_rows import insert_requests
 
 T0_NS = 1_750_000_000 * 10**9
 MS = 10**6
@@ -40,31 +41,22 @@ Row = tuple[str, int, float, float, str, str]
 def _write(path: Path, rows: list[Row]) -> duckdb.DuckDBPyConnection:
     conn = open_db(path)
     cols = list(zip(*rows, strict=True))
-    conn.execute(
-        """
-        INSERT INTO requests BY NAME
-        SELECT 'svc' AS service, instance, printf('%032x', i) AS trace_id, 'r' || i AS request_id,
-               start_ns, e2e_ms, ttft AS ttft_ms, NULL AS ttft_client_ms, 20.0 + i % 7 AS tpot_ms,
-               1.0 + i % 5 AS queue_ms, ttft AS prefill_ms, 0.0 AS decode_ms, e2e_ms AS server_ms,
-               1.0 AS queue_wait_ms, 0.0 AS tokenize_ms, 0.0 AS other_ms, 'm' AS model, tenant,
-               traffic_class, '' AS environment, '/v1' AS route, false AS cold_start,
-               false AS error, 'test' AS source, []::VARCHAR[] AS flags, false AS kept,
-               'dropped' AS sample_reason, 1.0 AS sample_weight
-        FROM (
-            SELECT unnest(?) AS instance, unnest(?) AS start_ns, unnest(?) AS e2e_ms,
-                   unnest(?) AS ttft, unnest(?) AS traffic_class, unnest(?) AS tenant,
-                   unnest(range(len(?))) AS i
-        )
-        """,
-        [
-            list(cols[0]),
-            [T0_NS + t * MS for t in cols[1]],
-            list(cols[2]),
-            list(cols[3]),
-            list(cols[4]),
-            list(cols[5]),
-            list(cols[0]),
-        ],
+    insert_requests(
+        conn,
+        {
+            "instance": cols[0],
+            "start_ns": [T0_NS + t * MS for t in cols[1]],
+            "e2e_ms": cols[2],
+            "ttft_ms": cols[3],
+            "traffic_class": cols[4],
+            "tenant": cols[5],
+        },
+        {
+            "tpot_ms": "20.0 + i % 7",
+            "queue_ms": "1.0 + i % 5",
+            "prefill_ms": "ttft_ms",
+            "queue_wait_ms": "1.0",
+        },
     )
     return conn
 

@@ -25,6 +25,7 @@ from tokentrace.analyzer.report import build_report
 from tokentrace.store.connection import open_db
 
 from . import workloads
+from .requests_rows import insert_requests
 
 T0_NS = 1_750_000_000 * 10**9
 MS = 10**6
@@ -51,32 +52,17 @@ def _drawn(path: Path, seed: int) -> duckdb.DuckDBPyConnection:
     rows += [(burst, 900.0, 500.0, "burst", "interactive", 7)] * rng.randint(0, 40)
     conn = open_db(path)
     cols = list(zip(*rows, strict=True))
-    conn.execute(
-        """
-        INSERT INTO requests BY NAME
-        SELECT 'svc' AS service, 'i0' AS instance, printf('%032x', i) AS trace_id,
-               'r' || i AS request_id, start_ns, e2e_ms, queue_ms, prompt_tokens,
-               e2e_ms - queue_ms AS prefill_ms, 0.0 AS decode_ms, e2e_ms AS server_ms,
-               queue_ms AS queue_wait_ms, 0.0 AS tokenize_ms, 0.0 AS other_ms, 'm' AS model,
-               tenant, traffic_class, '' AS environment, '/v1' AS route, false AS cold_start,
-               false AS error, 'test' AS source, []::VARCHAR[] AS flags, false AS kept,
-               'dropped' AS sample_reason, 1.0 AS sample_weight
-        FROM (
-            SELECT unnest(?) AS start_ns, unnest(?) + unnest(?) AS e2e_ms, unnest(?) AS queue_ms,
-                   unnest(?) AS tenant, unnest(?) AS traffic_class,
-                   unnest(?::INTEGER[]) AS prompt_tokens, unnest(range(len(?))) AS i
-        )
-        """,
-        [
-            [T0_NS + t * MS for t in cols[0]],
-            list(cols[1]),
-            list(cols[2]),
-            list(cols[2]),
-            list(cols[3]),
-            list(cols[4]),
-            list(cols[5]),
-            list(cols[0]),
-        ],
+    insert_requests(
+        conn,
+        {
+            "start_ns": [T0_NS + t * MS for t in cols[0]],
+            "e2e_ms": [a + b for a, b in zip(cols[1], cols[2], strict=True)],
+            "queue_ms": cols[2],
+            "tenant": cols[3],
+            "traffic_class": cols[4],
+            "prompt_tokens": cols[5],
+        },
+        {"prefill_ms": "e2e_ms - queue_ms", "queue_wait_ms": "queue_ms"},
     )
     return conn
 
