@@ -186,8 +186,9 @@ def pct(x: float | None) -> str:
 
 def ms(x: float | None) -> str:
     """Gives a duration for evidence text: whole ms, seconds from 1 s on (decided on the
-    rounded figure, so 999.7 ms reads '1.00 s', not '1000 ms')."""
-    if x is None:
+    rounded figure, so 999.7 ms reads '1.00 s', not '1000 ms').  A NaN (a median of values
+    that are NaN, which DuckDB sorts last) reads as no figure, as None does."""
+    if x is None or x != x:
         return "—"
     return f"{x / 1000:.2f} s" if abs(round(x)) >= 1000 else f"{x:.0f} ms"
 

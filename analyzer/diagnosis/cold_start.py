@@ -90,7 +90,7 @@ def detect(ctx: Context) -> Finding | None:
     if cold["instances"] < MIN_INSTANCES and cold["n"] < MIN_COLD_REQUESTS:
         return None
     ratio, gain = _contrast(cold["wait_p50"], warm["wait_p50"])
-    if ratio < MIN_RATIO or gain < MIN_GAIN_MS:
+    if not (ratio >= MIN_RATIO and gain >= MIN_GAIN_MS):  # a NaN median compares neither way
         return None
     evidence = [
         ev(

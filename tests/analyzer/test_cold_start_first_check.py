@@ -329,8 +329,8 @@ def test_nan_warm_waits_are_not_counted_above_the_bar(
     tmp_path: Path, nan_share: float, ruled_out: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """DuckDB sorts NaN above every number: where most warm waits are NaN their median is NaN,
-    which the counts must not rule out (the full query reads it; as it stands `ms` cannot
-    say it), and where few are the numbers above the bar rule out alone."""
+    which the counts must not rule out (the full query reads it, and finds nothing it can
+    compare), and where few are the numbers above the bar rule out alone."""
     rows: list[Row] = []
     for k in range(3):
         for i in range(40):
@@ -343,6 +343,7 @@ def test_nan_warm_waits_are_not_counted_above_the_bar(
     assert first["warm_above"] == 3 * sum(1 for i in range(1, 40) if i >= 40 * nan_share)
     assert (first["warm_waits"], first["warm_above"]) == _warm_counts(ctx, first["bar"])
     assert cold_start._may_fire(ctx) is not ruled_out
+    assert cold_start.detect(ctx) is None
     if ruled_out:
         monkeypatch.setattr(cold_start, "_may_fire", lambda ctx: True)
         assert cold_start.detect(ctx) is None

@@ -233,6 +233,7 @@ def test_evidence_and_headers_say_one_thing_in_the_singular(write_workload) -> N
 
 def test_evidence_durations_switch_to_seconds_on_the_rounded_figure() -> None:
     assert [ms(v) for v in (None, 12.4, 999.4, 999.7, 1234.5)] == ["—", "12 ms", "999 ms", "1.00 s", "1.23 s"]
+    assert ms(float("nan")) == "—"  # round() of a NaN raised, and the report with it
 
 
 # --- 8. the explorer's bucket colours -------------------------------------------------------------
