@@ -21,18 +21,29 @@ TRACE = "a" * 32
 
 
 class ThreadRecorder(StatementRecorder):
-    """Records, beside each statement, the thread that ran it."""
+    """Records, beside each statement, the thread that ran it.  With `together`, a look-up by
+    trace id waits there until that many have begun: they run side by side, or the barrier
+    breaks (a pool that ran them one after another on fewer threads, as an idle worker takes
+    the next task, would pass a count of threads only when the machine was slow)."""
 
-    def __init__(self, cur: duckdb.DuckDBPyConnection, threads: list[tuple[str, str]]) -> None:
+    def __init__(
+        self,
+        cur: duckdb.DuckDBPyConnection,
+        threads: list[tuple[str, str]],
+        together: threading.Barrier | None = None,
+    ) -> None:
         super().__init__(cur)
         self.threads = threads
+        self.together = together
 
     def execute(self, sql: str, params: Any = None) -> Any:
         self.threads.append((sql, threading.current_thread().name))
+        if self.together is not None and "WHERE trace_id = ?" in sql:
+            self.together.wait()
         return super().execute(sql, params)
 
     def cursor(self) -> ThreadRecorder:
-        sibling = ThreadRecorder(self._cur.cursor(), self.threads)
+        sibling = ThreadRecorder(self._cur.cursor(), self.threads, self.together)
         sibling.statements = self.statements
         return sibling
 
@@ -65,7 +76,8 @@ def test_the_look_ups_by_trace_id_run_side_by_side_each_in_a_transaction(
     conn: duckdb.DuckDBPyConnection,
 ) -> None:
     threads: list[tuple[str, str]] = []
-    cur = ThreadRecorder(conn.cursor(), threads)
+    # requests, spans and kept_traces: each look-up waits for the other two
+    cur = ThreadRecorder(conn.cursor(), threads, threading.Barrier(3, timeout=30))
 
     data = _trace.trace_data(cur, TRACE)  # type: ignore[arg-type]
 
