@@ -50,7 +50,8 @@ def _contrast(cold_p50: float | None, warm_p50: float | None) -> tuple[float, fl
 
 
 def _clears(cold_p50: float | None, warm_p50: float | None) -> bool:
-    """Says whether the cold median is far enough above the warm one for a finding."""
+    """Says whether the cold median is far enough above the warm one for a finding (a NaN
+    median is not: it compares neither way)."""
     ratio, gain = _contrast(cold_p50, warm_p50)
     return ratio >= MIN_RATIO and gain >= MIN_GAIN_MS
 
@@ -89,9 +90,9 @@ def detect(ctx: Context) -> Finding | None:
         return None
     if cold["instances"] < MIN_INSTANCES and cold["n"] < MIN_COLD_REQUESTS:
         return None
-    ratio, gain = _contrast(cold["wait_p50"], warm["wait_p50"])
-    if not (ratio >= MIN_RATIO and gain >= MIN_GAIN_MS):  # a NaN median compares neither way
+    if not _clears(cold["wait_p50"], warm["wait_p50"]):
         return None
+    ratio, gain = _contrast(cold["wait_p50"], warm["wait_p50"])
     evidence = [
         ev(
             f"{counted(cold['n'], 'cold request')} on {counted(cold['instances'], 'instance')} "

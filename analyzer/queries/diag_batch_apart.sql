@@ -31,7 +31,7 @@ alone_counts AS (
     FROM alone, bars
 )
 SELECT
-    (SELECT coalesce(sum(reversed), 0) FROM heavy_ends)         AS reversed,
+    (SELECT n FROM heavy_reversed)                               AS reversed,
     apart.n                                                     AS apart_n,
     apart.ttft_p50                                              AS apart_ttft_p50,
     apart.tpot_p50                                              AS apart_tpot_p50,

@@ -34,7 +34,7 @@ alone_counts AS (
     SELECT count(wait) AS wait_n, count_if(wait < wait_bar) AS wait_below FROM alone, bars
 )
 SELECT
-    (SELECT coalesce(sum(reversed), 0) FROM heavy_ends)         AS reversed,
+    (SELECT n FROM heavy_reversed)                               AS reversed,
     apart.n                                                     AS apart_n,
     apart.wait_p50                                              AS apart_wait_p50,
     lc.n - apart.n                                              AS beside_n,
