@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -63,13 +64,54 @@ def _linear_from(conn: duckdb.DuckDBPyConnection, filters: Filters) -> int:
     return max(LINEAR_FROM, int(row[0] if row else 0) // 3)
 
 
-def latency_ranges(bounds: dict[str, Any]) -> list[Any]:
-    """Gives each of `LATENCY_COLUMNS`' count, min and max, in order, from latency_bounds.sql's
-    row (`bounds`: its `<name>_count`, `_min`, `_max`): where the percentiles' linear passes
-    start, counted with the window's bounds (one scan of a lake's Parquet, not two)."""
+def window_bounds(
+    conn: duckdb.DuckDBPyConnection,
+    filters: Filters,
+    ranged: Sequence[str] = tuple(LATENCY_COLUMNS),
+) -> dict[str, Any]:
+    """Gives latency_bounds.sql's row (the window's counts and bounds) by name, with each of
+    `ranged` (names of `LATENCY_COLUMNS`) counted and ranged in the same statement: its
+    `<name>_count`, `_min` and `_max`."""
+    extra = "".join(
+        f"\n    , count({c}) AS {n}_count, min({c}) AS {n}_min, max({c}) AS {n}_max"
+        for n, c in LATENCY_COLUMNS.items()
+        if n in ranged
+    )
+    sql = queries.load("latency_bounds")
+    cte, params = filters.cte()
+    cur = conn.execute(
+        f"{cte}\n{sql.replace(chr(10) + 'FROM req', extra + chr(10) + 'FROM req', 1)}", params
+    )
+    cols = [d[0] for d in cur.description or []]
+    return dict(zip(cols, cur.fetchone() or (), strict=False))
+
+
+def latency_ranges(
+    bounds: dict[str, Any], ranged: Sequence[str] = tuple(LATENCY_COLUMNS)
+) -> list[Any]:
+    """Gives each of `ranged`'s count, min and max, in `LATENCY_COLUMNS`' order, from
+    `window_bounds`' row: where the percentiles' linear passes start, counted with the
+    window's bounds (one scan of a lake's Parquet, not two)."""
     return [
-        bounds[f"{name}_{figure}"] for name in LATENCY_COLUMNS for figure in ("count", "min", "max")
+        bounds[f"{name}_{figure}"]
+        for name in LATENCY_COLUMNS
+        if name in ranged
+        for figure in ("count", "min", "max")
     ]
+
+
+def catalog_bounds(conn: duckdb.DuckDBPyConnection) -> dict[str, tuple[float, float]]:
+    """Gives, over a lake, each `requests` column's bounds from the lake's catalog (a range
+    that holds every value: store/lake/statistics.py); {} over a file, where DuckDB answers
+    the columns' ranges from its own statistics.  The lake's code is imported only here."""
+    row = conn.execute(
+        "SELECT database_name, type FROM duckdb_databases() WHERE database_name = current_database()"
+    ).fetchone()
+    if not row or row[1] != "ducklake":
+        return {}
+    from tokentrace.store.lake.statistics import column_bounds
+
+    return column_bounds(conn, row[0], "requests")
 
 
 def itl_bucket_counts(conn: duckdb.DuckDBPyConnection, filters: Filters) -> list[int]:
@@ -203,18 +245,27 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
     filters = filters or Filters()
     ctx = Context(conn, filters)
     signals = read_signals(ctx)
-    r: dict[str, Any] = {}
-    for name in ("latency_bounds", "latency_percentiles"):
-        cols, rows = run_query(conn, name, filters)
-        r |= dict(zip(cols, rows[0], strict=False))
+    # over a lake, the columns the catalog bounds are not ranged by a scan (a min() of a DOUBLE
+    # over Parquet is one): the passes start from the catalog's range, where the window is
+    # large enough for passes (a small one ranges them itself, in one cheap scan)
+    catalog = catalog_bounds(conn)
+    covered = {n: catalog[c] for n, c in LATENCY_COLUMNS.items() if c in catalog}
+    ranged = [n for n in LATENCY_COLUMNS if n not in covered]
+    r: dict[str, Any] = window_bounds(conn, filters, ranged)
+    cols, rows = run_query(conn, "latency_percentiles", filters)
+    r |= dict(zip(cols, rows[0], strict=False))
+    linear_from = _linear_from(conn, filters)
+    if (r["requests"] or 0) < linear_from:
+        covered = {}
     r |= window_quantiles(
         conn,
         ctx.cte,
         ctx.params,
         LATENCY_COLUMNS,
         QUANTILES,
-        _linear_from(conn, filters),
-        latency_ranges(r),
+        linear_from,
+        latency_ranges(r, ranged) if covered or not catalog else None,
+        covered,
     )
     e2e_total = r["e2e_total"] or 0.0
     buckets: dict[str, Any] = {}

@@ -3,7 +3,9 @@ DuckDB's `quantile_cont` to the last bit: long tails, ties, NULLs, one value, fi
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -88,8 +90,7 @@ def test_the_reports_bounds_start_the_passes_as_their_own_first_pass_would(
     conn: duckdb.DuckDBPyConnection, filters: Filters
 ) -> None:
     """build_report hands latency_bounds.sql's counts and ranges to the passes."""
-    cols, rows = report.run_query(conn, "latency_bounds", filters)
-    ranges = report.latency_ranges(dict(zip(cols, rows[0], strict=True)))
+    ranges = report.latency_ranges(report.window_bounds(conn, filters))
     assert len(ranges) == 3 * len(LATENCY_COLUMNS)
     cte, params = filters.cte()
     given = window_quantiles(conn, cte, params, LATENCY_COLUMNS, QUANTILES, 0, ranges)
@@ -97,6 +98,88 @@ def test_the_reports_bounds_start_the_passes_as_their_own_first_pass_would(
     assert given == window_quantiles(conn, cte, params, LATENCY_COLUMNS, QUANTILES, 10**12)
     if filters == Filters():
         assert given["e2e"] is not None and given["prefill"] == [42.0] * 4
+
+
+def _true_ranges(conn: duckdb.DuckDBPyConnection) -> dict[str, tuple[float, float]]:
+    bounds = report.window_bounds(conn, Filters())
+    return {
+        n: (bounds[f"{n}_min"], bounds[f"{n}_max"])
+        for n in LATENCY_COLUMNS
+        if bounds[f"{n}_min"] is not None
+    }
+
+
+#: covering ranges made from a column's own (lo, hi)
+STRETCHES: dict[str, Any] = {
+    "own": lambda lo, hi: (lo, hi),
+    "looser": lambda lo, hi: (lo - 100.0, 3 * hi + 7.0),  # a catalog's looser bounds
+    "stale": lambda lo, hi: (lo + (hi - lo) / 3, hi - (hi - lo) / 3),  # values fall outside
+    "overflow": lambda lo, hi: (0.0, 1e-12),  # so narrow that far values' slices overflow
+}
+
+
+@pytest.mark.parametrize("stretch", STRETCHES.values(), ids=STRETCHES.keys())
+@pytest.mark.parametrize(
+    "filters",
+    [
+        Filters(),
+        Filters(tenant="b"),
+        Filters(start_ns=T0 + 3_000 * 10**6, end_ns=T0 + 3_100 * 10**6),
+        Filters(tenant="nobody"),
+    ],
+)
+def test_passes_from_a_covering_range_give_the_same_figures(
+    conn: duckdb.DuckDBPyConnection, filters: Filters, stretch: Any
+) -> None:
+    """A lake's catalog bounds (any range, even one some values fall outside) start the
+    passes with no range of their own, and the figures are quantile_cont's to the bit."""
+    covering = {n: stretch(lo, hi) for n, (lo, hi) in _true_ranges(conn).items()}
+    cte, params = filters.cte()
+    seen: list[str] = []
+    spy = _Recording(conn, seen)
+    ranged = [n for n in LATENCY_COLUMNS if n not in covering]  # as build_report ranges them
+    ranges = report.latency_ranges(report.window_bounds(conn, filters, ranged), ranged)
+    given = window_quantiles(spy, cte, params, LATENCY_COLUMNS, QUANTILES, 0, ranges, covering)  # type: ignore[arg-type]
+    assert given == window_quantiles(conn, cte, params, LATENCY_COLUMNS, QUANTILES, 10**12)
+    passes = [sql for sql in seen if "v AS NOT MATERIALIZED" in sql]
+    ranging = [sql for sql in passes if "min(x" in sql]
+    if stretch is STRETCHES["looser"]:  # every range usable and holding every value: no ranging
+        assert passes and not ranging
+    elif stretch is STRETCHES["overflow"] and given["e2e"] is not None:  # far values: ranged
+        assert len(ranging) == 1
+
+
+def test_a_value_a_slice_cannot_hold_sends_its_column_to_its_own_range(tmp_path: Path) -> None:
+    """NaN and infinities have no slice of a covering range (nor of any range): the column
+    is ranged and passed as it would be without one (quantile_cont: NaN sorts last)."""
+    db = tmp_path / "nan.duckdb"
+    writer = open_db(db)
+    writer.execute(ROWS.format(t0=T0, n=3_000))
+    writer.execute("UPDATE requests SET e2e_ms = 'nan'::DOUBLE WHERE start_ns % 7 = 0")
+    writer.execute("UPDATE requests SET queue_ms = 'inf'::DOUBLE WHERE start_ns % 13 = 0")
+    writer.close()
+    conn = duckdb.connect(str(db), read_only=True)
+    try:
+        cte, params = Filters().cte()
+        covering = {"e2e": (0.0, 100.0), "queue": (0.0, 300.0), "decode": (0.0, 500.0)}
+        given = window_quantiles(conn, cte, params, LATENCY_COLUMNS, QUANTILES, 0, None, covering)
+        duck = window_quantiles(conn, cte, params, LATENCY_COLUMNS, QUANTILES, 10**12)
+        assert repr(given) == repr(duck)  # NaN is not == itself; its repr is
+        assert duck["e2e"] is not None and math.isnan(duck["e2e"][3])
+        assert duck["queue"] is not None and duck["queue"][3] == math.inf
+    finally:
+        conn.close()
+
+
+class _Recording:
+    """A connection that notes the SQL of every statement it runs."""
+
+    def __init__(self, conn: duckdb.DuckDBPyConnection, seen: list[str]) -> None:
+        self.conn, self.seen = conn, seen
+
+    def execute(self, sql: str, params: Any = None) -> duckdb.DuckDBPyConnection:
+        self.seen.append(sql)
+        return self.conn.execute(sql, params or [])
 
 
 @pytest.mark.parametrize(

@@ -4,11 +4,12 @@ as they read a local file: DuckLake tables (no rowid, no index), the same figure
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
 
-from tokentrace.analyzer import queries
+from tokentrace.analyzer import queries, report
 from tokentrace.analyzer.diagnosis._base import Context, compose
 from tokentrace.analyzer.diagnosis.peak_hours import _e2e_percentiles, _sides
 from tokentrace.analyzer.filters import Filters
@@ -88,6 +89,54 @@ def test_the_lake_gives_the_local_files_percentiles_and_peak_figures(
             ]
             assert rows[0] == rows[1], name
             assert rows[0], name
+    finally:
+        local.close()
+        remote.close()
+
+
+def test_the_lakes_catalog_bounds_start_the_reports_passes(
+    lake: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over a lake the report's latency columns are not ranged by a scan (a min() of a DOUBLE
+    over Parquet is one): the catalog's bounds hold every value, start the passes, and the
+    report's figures are the local file's."""
+    db = tmp_path / "local.duckdb"
+    writer = open_db(db)
+    writer.execute(ROWS.format(table="requests", t0=T0))
+    writer.close()
+    uri, data = lake
+    conn = duckdb.connect()
+    attach(conn, uri, data)
+    conn.execute(f"ATTACH '{db}' AS local (READ_ONLY)")
+    conn.execute(f"INSERT INTO {ALIAS}.requests BY NAME SELECT * FROM local.requests")  # noqa: S608 - the lake's fixed alias
+    conn.close()
+    local, remote = duckdb.connect(str(db), read_only=True), open_lake(uri, data)
+    try:
+        assert report.catalog_bounds(local) == {}
+        bounds = report.catalog_bounds(remote)
+        for column in LATENCY_COLUMNS.values():
+            lo, hi = local.execute(f"SELECT min({column}), max({column}) FROM requests").fetchone()  # noqa: S608 - fixed names
+            if lo is None:  # no value: nothing to bound
+                continue
+            assert bounds[column][0] <= lo and hi <= bounds[column][1], column
+        ranged: list[list[str]] = []
+        window_bounds = report.window_bounds
+
+        def noting(conn: duckdb.DuckDBPyConnection, filters: Filters, names: Any = ()) -> Any:
+            ranged.append(list(names))
+            return window_bounds(conn, filters, names)
+
+        monkeypatch.setattr(report, "window_bounds", noting)
+        monkeypatch.setattr(report, "LINEAR_FROM", 0)  # 20,000 requests take the passes
+        built = [report.build_report(c) for c in (local, remote)]
+        assert ranged[0] == list(LATENCY_COLUMNS)  # the file ranges all (from its statistics)
+        assert ranged[1] == ["ttft_client"]  # the lake only the column that has no value
+        for part in ("requests", "latency", "window"):
+            assert built[0][part] == built[1][part], part
+        for bucket in ("network", "queue", "prefill", "decode"):
+            assert {k: v for k, v in built[0]["buckets"][bucket].items() if k != "share"} == {
+                k: v for k, v in built[1]["buckets"][bucket].items() if k != "share"
+            }
     finally:
         local.close()
         remote.close()
