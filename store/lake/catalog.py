@@ -44,6 +44,18 @@ BY_TRACE = ("requests", "spans", "kept_traces")
 ROW_GROUP_ROWS = 16_384
 SMALL_ROW_GROUPS = ("requests", "spans", "engine_steps")
 
+#: Tables written as uncompressed Parquet: `requests`, which every report reads whole, column
+#: by column, ~100 column scans a report.  Snappy (DuckLake's default) saves little on request
+#: summaries as real traffic writes them: 2 M of them with random trace ids and continuous
+#: latencies took 224 MB in snappy, 263 MB uncompressed (+17 %); but decompressing costs on
+#: every read, most of all of `start_ns` (sorted timestamps, which snappy does shrink), read by
+#: nearly every statement: 0.071 -> 0.019 CPU-s a scan of 10 M, the token counts 0.045 ->
+#: 0.018, a latency 0.021 -> 0.020.  A full report over 10 M requests: 11.4 -> ~10 CPU-s.
+#: Set where the table is made, like the row groups: an operator's own choice
+#: (`CALL lake.set_option('parquet_compression', 'zstd', table_name => 'requests')`, say, for
+#: object storage billed by the byte) is kept.  docs/scale-out.md.
+UNCOMPRESSED = ("requests",)
+
 #: The order of the rows in every file DuckLake writes of a table (a move's, a compaction's, a
 #: flush's).  The tables the trace page reads by a time window (a request's engine steps and
 #: GPU samples, the requests that shared its steps) by that time: a compaction that merges many
@@ -220,9 +232,13 @@ def ensure_tables(conn: duckdb.DuckDBPyConnection) -> None:
                 _seed_statistics(conn, table, cols[0][0])
 
             retrying(partial(_in_transaction, conn, create))
-            if table in SMALL_ROW_GROUPS:  # a table's option, once the table is committed
+            # a table's options, once the table is committed
+            if table in SMALL_ROW_GROUPS:
                 sql = f"CALL {ALIAS}.set_option('parquet_row_group_size', ?, table_name => ?)"
                 retrying(partial(conn.execute, sql, [ROW_GROUP_ROWS, table]))
+            if table in UNCOMPRESSED:
+                sql = f"CALL {ALIAS}.set_option('parquet_compression', 'uncompressed', table_name => ?)"
+                retrying(partial(conn.execute, sql, [table]))
             continue
         for column, kind in cols:
             if column not in have[table]:

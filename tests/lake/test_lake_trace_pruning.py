@@ -25,6 +25,7 @@ from tokentrace.store.lake.catalog import (
     SMALL_ROW_GROUPS,
     SORTED_BY,
     TRACE_BUCKETS,
+    UNCOMPRESSED,
     attach,
 )
 from tokentrace.store.reader import LakeAddress, StoreReader
@@ -138,6 +139,27 @@ def test_the_lake_is_laid_out_for_trace_pages(lake: tuple[str, str]) -> None:
             " WHERE option_name = 'parquet_row_group_size' ORDER BY 1",
             [ALIAS],
         ).fetchall()
+        uncompressed = conn.execute(
+            "SELECT scope_entry, value FROM ducklake_options(?)"
+            " WHERE option_name = 'parquet_compression' ORDER BY 1",
+            [ALIAS],
+        ).fetchall()
+        # what the moves wrote: each table's Parquet files, and their columns' codecs
+        codecs: dict[str, list[str]] = {}
+        for table in ("requests", "spans"):
+            files = [
+                f
+                for (f,) in conn.execute(
+                    "SELECT data_file FROM ducklake_list_files(?, ?)", [ALIAS, table]
+                ).fetchall()
+            ]
+            assert files, table
+            codecs[table] = [
+                c
+                for (c,) in conn.execute(
+                    "SELECT DISTINCT compression FROM parquet_metadata(?) ORDER BY 1", [files]
+                ).fetchall()
+            ]
         sorted_by = conn.execute(
             f"SELECT t.table_name, e.expression FROM {meta}.ducklake_sort_expression e"  # noqa: S608
             f" JOIN {meta}.ducklake_sort_info i USING (sort_id, table_id)"
@@ -149,6 +171,13 @@ def test_the_lake_is_laid_out_for_trace_pages(lake: tuple[str, str]) -> None:
     assert [t for (t,) in partitioned] == sorted(BY_TRACE) == ["kept_traces", "requests", "spans"]
     assert row_groups == [(f"main.{t}", str(ROW_GROUP_ROWS)) for t in sorted(SMALL_ROW_GROUPS)]
     assert "engine_steps" in SMALL_ROW_GROUPS
+    # `requests`, read whole by every report, uncompressed; the rest in DuckLake's snappy
+    assert (
+        uncompressed
+        == [(f"main.{t}", "uncompressed") for t in UNCOMPRESSED]
+        == [("main.requests", "uncompressed")]
+    )
+    assert codecs == {"requests": ["UNCOMPRESSED"], "spans": ["SNAPPY"]}
     # the tables read by a time window sorted by that time in every file written, spans by id
     assert (
         [(t, e.strip('"')) for t, e in sorted_by]
