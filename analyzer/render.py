@@ -282,7 +282,7 @@ def render_text(report: dict[str, Any]) -> str:
     window = describe_window(report)
     lines = [
         "tokentrace report" + (f"  ({window})" if window else ""),
-        f"requests: {req['count']}  (kept traces: {req['kept_traces']}, errors: {req['errors']})",
+        f"requests: {req['count']:,}  (kept traces: {req['kept_traces']:,}, errors: {req['errors']:,})",
         "",
     ]
     if not req["count"]:
@@ -410,7 +410,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "# tokentrace report",
         "",
         *([f"_{_md_escape(window)}_", ""] if window else []),
-        f"**{req['count']}** {noun(req['count'], 'request')}, {counted(req['kept_traces'], 'kept trace')}, "
+        f"**{req['count']:,}** {noun(req['count'], 'request')}, {counted(req['kept_traces'], 'kept trace')}, "
         f"{counted(req['errors'], 'error')}.",
         "",
     ]

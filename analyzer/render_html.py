@@ -308,7 +308,7 @@ def render_html(report: dict[str, Any], explorer: str | None = None) -> str:
         ".sw{display:inline-block;width:10px;height:10px;margin-right:5px;border-radius:2px}.parts,.legend{margin:.4em 0}</style></head><body>",
         "<h1>tokentrace report</h1>",
         f"<p><small>{_e(describe_window(report))}</small></p>",
-        f"<p><b>{_e(req['count'])}</b> {noun(req['count'], 'request')} · {_e(counted(req['kept_traces'], 'kept trace'))} · "
+        f"<p><b>{req['count']:,}</b> {noun(req['count'], 'request')} · {_e(counted(req['kept_traces'], 'kept trace'))} · "
         f"{_e(counted(req['errors'], 'error'))}</p>",
     ]
     if req["count"]:

@@ -9,5 +9,6 @@ def noun(n: int | None, one: str) -> str:
 
 
 def counted(n: int | None, one: str) -> str:
-    """Gives '1 kept trace' / '3 kept traces'."""
-    return f"{n} {noun(n, one)}"
+    """Gives '1 kept trace' / '3 kept traces' / '1,000,000 requests' (grouped, as every other
+    count in a report is: "client spans on 1,000,000 of 1000000 requests" read as two)."""
+    return f"{n:,} {noun(n, one)}" if isinstance(n, int) else f"{n} {noun(n, one)}"

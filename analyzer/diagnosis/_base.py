@@ -279,6 +279,14 @@ class Context:
         return self.one("diag_signals")
 
     @cached_property
+    def instance_arrivals(self) -> list[list[Any]]:
+        """Gives each instance's first and last arrival in the window as in_flight_gaps.sql
+        binds them: four lists (services, instances, first and last start, ns), from
+        diag_signals' pass (`carried`) rather than a scan of the window's own."""
+        rows = self.carried.get("instance_arrivals") or []
+        return [[r[k] for r in rows] for k in ("service", "instance", "first_ns", "last_ns")]
+
+    @cached_property
     def slice_mix(self) -> list[dict[str, Any]] | None:
         """Gives diag_slice_mix's rows, the window counted once per time slice, tenant and
         class, which several signals add up (slice_mix.py) instead of reading every request

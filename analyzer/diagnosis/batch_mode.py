@@ -97,7 +97,9 @@ def _request_contrast_needed(ctx: Context, has_steps: bool) -> bool | None:
     requests on both sides, and neither median beside batch requests reaches MIN_RATIO times
     the one apart), False where the finding will not read it (too few live requests on a side,
     and the engine's steps decide instead), True where only the sweep can tell."""
-    first = ctx.one("diag_batch_apart", [MIN_RATIO * INSIDE, MIN_RATIO * INSIDE])
+    first = ctx.one(
+        "diag_batch_apart", [*ctx.instance_arrivals, MIN_RATIO * INSIDE, MIN_RATIO * INSIDE]
+    )
     if first["reversed"]:
         return True  # a request that ends before it starts: only the sweep counts as the sweep does
     if first["apart_n"] >= MIN_PER_SIDE and first["beside_n"] >= MIN_PER_SIDE:

@@ -129,7 +129,15 @@ def _beside_surely_none(ctx: Context, heavy: list[str], cls: str | None) -> bool
     more than, the median apart."""
     first = ctx.one(
         "diag_tenant_apart",
-        [heavy, cls, cls, MIN_BESIDE_RATIO * INSIDE, MIN_BESIDE_GAIN_MS, MIN_BESIDE_GAIN_MS],
+        [
+            heavy,
+            cls,
+            cls,
+            *ctx.instance_arrivals,  # in_flight_gaps' light_ends
+            MIN_BESIDE_RATIO * INSIDE,
+            MIN_BESIDE_GAIN_MS,
+            MIN_BESIDE_GAIN_MS,
+        ],
     )
     if first["reversed"]:
         return False  # a request that ends before it starts: only the sweep counts as it does

@@ -133,8 +133,8 @@ def _peak(ctx: Context, slices: dict[bool, dict], cls: str | None = None) -> Fin
             peak_seconds=busy_s["slices"] * slice_s, window_seconds=window_s,
         ),
         ev(
-            f"those slices get {arrival_ratio:.1f}× the {_arrivals(cls)} ({busy_s['arrivals_mean']:.1f} vs "
-            f"{rest_s['arrivals_mean']:.1f} {per_slice}); E2E p50 {ms(busy['e2e_p50'])} vs {ms(rest['e2e_p50'])}, "
+            f"those slices get {arrival_ratio:.1f}× the {_arrivals(cls)} ({_mean(busy_s['arrivals_mean'])} vs "
+            f"{_mean(rest_s['arrivals_mean'])} {per_slice}); E2E p50 {ms(busy['e2e_p50'])} vs {ms(rest['e2e_p50'])}, "
             f"p95 {ms(busy['e2e_p95'])} vs {ms(rest['e2e_p95'])}",
             arrival_ratio=arrival_ratio, busy_e2e_p50_ms=busy["e2e_p50"], baseline_e2e_p50_ms=rest["e2e_p50"],
             busy_e2e_p95_ms=busy["e2e_p95"], baseline_e2e_p95_ms=rest["e2e_p95"],
@@ -277,6 +277,13 @@ def _saturated(ctx: Context, cls: str | None, by_arrivals: dict[bool, dict] | No
         basis="saturated",
         title=SATURATED_TITLES[shape],
     )
+
+
+def _mean(arrivals: float | None) -> str:
+    """Gives a mean count of arrivals as a reader takes it in: '2.4', '61', '52,857' (a tenth
+    of a request matters only where there are few)."""
+    x = float(arrivals or 0.0)
+    return f"{x:.1f}" if abs(x) < 100 else f"{x:,.0f}"
 
 
 def _sides(per_slice: list[dict[str, Any]], busy_ids: list[int]) -> dict[bool, dict[str, Any]]:

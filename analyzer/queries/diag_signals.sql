@@ -32,9 +32,19 @@ g AS (
         count(prompt_tokens)                                    AS prompt_tokens,
         count_if(coalesce(ttft_ms, ttft_client_ms) IS NOT NULL
                  AND NOT list_contains(flags, 'server_unseen')) AS server_first_token,
-        count_if(cold_start)                                    AS cold_marked
+        count_if(cold_start)                                    AS cold_marked,
+        min(start_ns)                                           AS first_ns,
+        max(start_ns)                                           AS last_ns
     FROM r
     GROUP BY ALL
+),
+-- each instance's first and last arrival, which the in-flight first checks start from
+-- (in_flight_gaps.sql `light_ends`): two BIGINT aggregates here, not a scan of their own
+instance_arrivals AS (
+    SELECT list({'service': service, 'instance': instance, 'first_ns': first_ns, 'last_ns': last_ns}
+                ORDER BY service, instance) AS l
+    FROM (SELECT service, instance, min(first_ns) AS first_ns, max(last_ns) AS last_ns
+          FROM g GROUP BY service, instance)
 ),
 -- how many requests of each environment (but none) and class, as `histogram` gives them
 environments AS (
@@ -62,5 +72,6 @@ SELECT
     count(DISTINCT CASE WHEN instance <> '' THEN (service, instance) END) AS instances,
     coalesce(sum(cold_marked), 0)::BIGINT                       AS cold_marked,
     (SELECT m FROM environments)                                AS environments,
-    (SELECT m FROM classes)                                     AS traffic_classes
+    (SELECT m FROM classes)                                     AS traffic_classes,
+    (SELECT l FROM instance_arrivals)                           AS instance_arrivals
 FROM g

@@ -102,7 +102,7 @@ def test_the_requests_apart_are_those_the_sweep_finds_with_none_in_flight(
     ctx = Context(conn, Filters())
     # batch traffic against the live requests
     swept = _in_flight_sides(ctx, "diag_batch_concurrency", [], "with_batch")
-    first = ctx.one("diag_batch_apart", [1.5, 1.5])
+    first = ctx.one("diag_batch_apart", [*ctx.instance_arrivals, 1.5, 1.5])
     apart, beside = swept.get(False), swept.get(True)
     assert first["reversed"] == 0
     assert first["apart_n"] == (apart["n"] if apart else 0)
@@ -114,7 +114,9 @@ def test_the_requests_apart_are_those_the_sweep_finds_with_none_in_flight(
     for cls in ("interactive", None):
         heavy_args = [["big", "a"], cls, cls]
         swept = _in_flight_sides(ctx, "diag_tenant_beside", heavy_args, "beside")
-        first = ctx.one("diag_tenant_apart", [*heavy_args, 3.0, 200.0, 200.0])
+        first = ctx.one(
+            "diag_tenant_apart", [*heavy_args, *ctx.instance_arrivals, 3.0, 200.0, 200.0]
+        )
         apart, beside = swept.get(False), swept.get(True)
         assert first["apart_n"] == (apart["n"] if apart else 0)
         assert first["beside_n"] == (beside["n"] if beside else 0)
@@ -126,7 +128,7 @@ def test_the_counts_below_the_bar_are_the_sweeps(tmp_path: Path) -> None:
     rng = random.Random(99)
     conn = _write(tmp_path / "w.duckdb", _window(rng, 1.6))
     ctx = Context(conn, Filters())
-    first = ctx.one("diag_batch_apart", [1.5, 1.5])
+    first = ctx.one("diag_batch_apart", [*ctx.instance_arrivals, 1.5, 1.5])
     bar = 1.5 * first["apart_ttft_p50"]
     [(below, n)] = conn.execute(
         compose(
@@ -140,6 +142,22 @@ def test_the_counts_below_the_bar_are_the_sweeps(tmp_path: Path) -> None:
     ).fetchall()
     assert (first["beside_ttft_below"], first["beside_ttft_n"]) == (below, n)
     assert 0 < below < n
+
+
+def test_the_instances_arrivals_are_each_instances_first_and_last_start(tmp_path: Path) -> None:
+    """The first checks clip their gaps to each instance's arrivals (Context.instance_arrivals,
+    from diag_signals' pass), of every request of the window, light or heavy."""
+    conn = _write(tmp_path / "w.duckdb", _window(random.Random(5), 1.6))
+    for filters in (Filters(), Filters(traffic_class="interactive"), Filters(tenant="nobody")):
+        ctx = Context(conn, filters)
+        expected = conn.execute(
+            f"{ctx.cte} SELECT service, instance, min(start_ns), max(start_ns) FROM req"  # noqa: S608
+            " GROUP BY ALL ORDER BY ALL",
+            ctx.params,
+        ).fetchall()
+        assert list(zip(*ctx.instance_arrivals, strict=True)) == expected
+        if filters == Filters():
+            assert len(expected) > 1
 
 
 def _drawn(path: Path, seed: int) -> duckdb.DuckDBPyConnection:
@@ -225,6 +243,7 @@ def test_a_heavy_request_ending_before_it_starts_takes_the_sweep(tmp_path: Path)
     rows.append(("i0", 30_000, -5000.0, 50.0, "batch", "big"))
     conn = _write(tmp_path / "w.duckdb", rows)
     ctx = Context(conn, Filters())
-    assert ctx.one("diag_batch_apart", [1.5 * INSIDE, 1.5 * INSIDE])["reversed"] == 1
+    bars = [1.5 * INSIDE, 1.5 * INSIDE]
+    assert ctx.one("diag_batch_apart", [*ctx.instance_arrivals, *bars])["reversed"] == 1
     assert batch_mode._request_contrast_needed(ctx, has_steps=False) is True
     assert big_tenants._beside_surely_none(ctx, ["big"], None) is False

@@ -81,7 +81,7 @@ def test_a_peak_counted_on_live_arrivals_says_so(write_workload) -> None:  # typ
     assert f is not None and f.basis == "contrast"
     slices, arrivals = _texts(f)
     assert "busiest 10 % of 20-second slices by interactive arrivals" in slices
-    assert re.search(r"× the interactive arrivals \([\d.]+ vs [\d.]+ interactive requests per slice\)", arrivals)
+    assert re.search(r"× the interactive arrivals \([\d.,]+ vs [\d.,]+ interactive requests per slice\)", arrivals)
     assert "the usual interactive arrivals" in f.fix_lead  # type: ignore[operator]
     # one class only: the figures are the window's, and no class is named
     alone = peak_hours.detect(Context(write_workload(workloads.peak_hours(), name="alone.duckdb"), Filters()))
@@ -260,3 +260,14 @@ def test_a_finding_without_kept_traces_says_so_in_every_format(write_workload) -
     older = {**report, "findings": [{k: v for k, v in f.items() if k != "example_traces"}]}
     for render in RENDERERS:
         assert "none kept" not in render(older).lower(), render.__name__
+
+
+def test_large_counts_read_as_one_number() -> None:
+    """Counts are grouped wherever a report says them: "client spans on 1,000,000 of 1000000
+    requests" read as two numbers, "52856.9 vs 9813.0 requests per slice" as a measurement."""
+    from tokentrace._words import counted
+
+    assert counted(1_000_000, "request") == "1,000,000 requests"
+    assert counted(1, "kept trace") == "1 kept trace"
+    assert peak_hours._mean(52_856.94) == "52,857"
+    assert peak_hours._mean(2.44) == "2.4"
