@@ -42,6 +42,15 @@ FROM range({n}) t(i)
 """
 
 
+#: windows the passes are held to quantile_cont on: all, a tenant, 100 requests, none
+WINDOWS = [
+    Filters(),
+    Filters(tenant="b"),
+    Filters(start_ns=T0 + 3_000 * 10**6, end_ns=T0 + 3_100 * 10**6),
+    Filters(tenant="nobody"),
+]
+
+
 @pytest.fixture
 def conn(tmp_path: Path) -> duckdb.DuckDBPyConnection:
     db = tmp_path / "q.duckdb"
@@ -77,15 +86,7 @@ def test_linear_passes_give_duckdbs_quantile_cont_exactly(
         assert duck["ttft_client"] is None
 
 
-@pytest.mark.parametrize(
-    "filters",
-    [
-        Filters(),
-        Filters(tenant="b"),
-        Filters(start_ns=T0 + 3_000 * 10**6, end_ns=T0 + 3_100 * 10**6),
-        Filters(tenant="nobody"),
-    ],
-)
+@pytest.mark.parametrize("filters", WINDOWS)
 def test_the_reports_bounds_start_the_passes_as_their_own_first_pass_would(
     conn: duckdb.DuckDBPyConnection, filters: Filters
 ) -> None:
@@ -119,15 +120,7 @@ STRETCHES: dict[str, Any] = {
 
 
 @pytest.mark.parametrize("stretch", STRETCHES.values(), ids=STRETCHES.keys())
-@pytest.mark.parametrize(
-    "filters",
-    [
-        Filters(),
-        Filters(tenant="b"),
-        Filters(start_ns=T0 + 3_000 * 10**6, end_ns=T0 + 3_100 * 10**6),
-        Filters(tenant="nobody"),
-    ],
-)
+@pytest.mark.parametrize("filters", WINDOWS)
 def test_passes_from_a_covering_range_give_the_same_figures(
     conn: duckdb.DuckDBPyConnection, filters: Filters, stretch: Any
 ) -> None:

@@ -37,9 +37,11 @@ FROM range(20000) t(i)
 """
 
 
-def test_the_lake_gives_the_local_files_percentiles_and_peak_figures(
+def _file_and_lake(
     lake: tuple[str, str], tmp_path: Path
-) -> None:
+) -> tuple[duckdb.DuckDBPyConnection, duckdb.DuckDBPyConnection]:
+    """Gives a local file of ROWS' requests and the lake with the same rows, each opened to
+    read as the report reads it."""
     db = tmp_path / "local.duckdb"
     writer = open_db(db)
     writer.execute(ROWS.format(table="requests", t0=T0))
@@ -50,7 +52,13 @@ def test_the_lake_gives_the_local_files_percentiles_and_peak_figures(
     conn.execute(f"ATTACH '{db}' AS local (READ_ONLY)")
     conn.execute(f"INSERT INTO {ALIAS}.requests BY NAME SELECT * FROM local.requests")  # noqa: S608 - the lake's fixed alias
     conn.close()
-    local, remote = duckdb.connect(str(db), read_only=True), open_lake(uri, data)
+    return duckdb.connect(str(db), read_only=True), open_lake(uri, data)
+
+
+def test_the_lake_gives_the_local_files_percentiles_and_peak_figures(
+    lake: tuple[str, str], tmp_path: Path
+) -> None:
+    local, remote = _file_and_lake(lake, tmp_path)
     try:
         for filters in (Filters(), Filters(tenant="b")):
             cte, params = filters.cte()
@@ -100,17 +108,7 @@ def test_the_lakes_catalog_bounds_start_the_reports_passes(
     """Over a lake the report's latency columns are not ranged by a scan (a min() of a DOUBLE
     over Parquet is one): the catalog's bounds hold every value, start the passes, and the
     report's figures are the local file's."""
-    db = tmp_path / "local.duckdb"
-    writer = open_db(db)
-    writer.execute(ROWS.format(table="requests", t0=T0))
-    writer.close()
-    uri, data = lake
-    conn = duckdb.connect()
-    attach(conn, uri, data)
-    conn.execute(f"ATTACH '{db}' AS local (READ_ONLY)")
-    conn.execute(f"INSERT INTO {ALIAS}.requests BY NAME SELECT * FROM local.requests")  # noqa: S608 - the lake's fixed alias
-    conn.close()
-    local, remote = duckdb.connect(str(db), read_only=True), open_lake(uri, data)
+    local, remote = _file_and_lake(lake, tmp_path)
     try:
         assert report.catalog_bounds(local) == {}
         bounds = report.catalog_bounds(remote)
