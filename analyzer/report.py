@@ -77,11 +77,10 @@ def window_bounds(
         for n, c in LATENCY_COLUMNS.items()
         if n in ranged
     )
-    sql = queries.load("latency_bounds")
+    # the file ends its select list before "FROM req" (one marked place)
+    sql = queries.load("latency_bounds").replace("\nFROM req", extra + "\nFROM req", 1)
     cte, params = filters.cte()
-    cur = conn.execute(
-        f"{cte}\n{sql.replace(chr(10) + 'FROM req', extra + chr(10) + 'FROM req', 1)}", params
-    )
+    cur = conn.execute(f"{cte}\n{sql}", params)
     cols = [d[0] for d in cur.description or []]
     return dict(zip(cols, cur.fetchone() or (), strict=False))
 
