@@ -63,3 +63,20 @@ def test_peak_hours_peak_is_short_and_sharp() -> None:
     per_second = [sum(1 for a in arrivals if t <= a < t + 1) for t in range(int(arrivals[-1]) + 1)]
     # one busy second holds several times a calm second's arrivals
     assert max(per_second) >= 8 * sorted(per_second)[len(per_second) // 2]
+
+
+def test_batch_mode_live_baseline_comes_before_the_batch_job_and_none_after_it() -> None:
+    # The detector compares live requests in time slices with batch arrivals against those
+    # without.  The batch job runs last, so its backlog on a slow machine (long generations
+    # run out at batch 16) outlasts no live request that a slice without batch arrivals
+    # would count as "without batch jobs".
+    for quick in (True, False):
+        specs = get_scenario("batch_mode_breaks_live").deployments[0].load(quick)
+        batch = sorted(s.arrival_s for s in specs if s.traffic_class == "batch")
+        live = [s.arrival_s for s in specs if s.traffic_class != "batch"]
+        assert sum(a < batch[0] for a in live) >= 10  # the detector's MIN_PER_SIDE
+        assert sum(a >= batch[0] for a in live) >= 10
+        assert max(live) - batch[-1] < 1.0  # the last live requests share the last slice
+        # between batch arrivals, never a whole 1-second slice without one
+        assert max(b - a for a, b in zip(batch, batch[1:])) < 1.0
+        assert min(s.output_tokens for s in specs if s.traffic_class == "batch") >= 320
