@@ -170,7 +170,9 @@ def test_too_many_rows_run_the_queries_apart(
     recorder = StatementRecorder(conn)
     apart = Context(recorder, Filters())  # type: ignore[arg-type]
     assert apart.slice_mix is None
-    assert slice_mix.per_slice(apart) == apart.query("diag_peak", [apart.slice_ns])
+    # diag_peak has no order (peak_hours sums and looks its slices up), and two runs of its
+    # parallel GROUP BY gave its rows in two orders (CI): its rows, not their order
+    _rows_alike(slice_mix.per_slice(apart), apart.query("diag_peak", [apart.slice_ns]), "slice")
     _rows_alike(slice_mix.per_slice(whole), slice_mix.per_slice(apart), "slice")
     assert slice_mix.tenant_volumes(apart, None) == slice_mix.tenant_volumes(whole, None)
     assert slice_mix.batch_sides(apart) == slice_mix.batch_sides(whole)
