@@ -42,10 +42,12 @@ def _round_ms(v: float) -> float:
 
 
 def requests_table(conn: duckdb.DuckDBPyConnection, filters: Filters, limit: int | None = None) -> Any:
-    """Gives the filtered requests as an Arrow table, oldest first, with `start` a UTC timestamp."""
+    """Gives the filtered requests as an Arrow table, oldest first (requests that start at one
+    nanosecond by trace and request id: the same order every time), with `start` a UTC
+    timestamp."""
     where, params = filters.where()
     cols = ", ".join(c if c != "start_ns" else "start_ns, make_timestamp(start_ns // 1000) AS start" for c in COLUMNS)
-    sql = f"SELECT {cols} FROM requests {where} ORDER BY start_ns"  # noqa: S608 - fixed column names, bound values
+    sql = f"SELECT {cols} FROM requests {where} ORDER BY start_ns, trace_id, request_id"  # noqa: S608 - fixed column names, bound values
     if limit is not None:
         sql += " LIMIT ?"
         params = [*params, int(limit)]

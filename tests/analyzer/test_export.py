@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import random
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -16,8 +17,10 @@ import pytest
 
 from tokentrace.analyzer.export import write_requests
 from tokentrace.analyzer.filters import Filters
+from tokentrace.store.connection import open_db
 
 from . import workloads
+from .requests_rows import insert_requests
 
 UTC_MICROS = pa.timestamp("us", tz="UTC")
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -94,3 +97,35 @@ def test_a_tie_at_the_microsecond_rounds_half_to_even_on_the_exact_decimal(write
     assert {r["network_ms"] for r in lines} == {32.64} and {r["queue_ms"] for r in lines} == {1.002}
     assert {float(r["network_ms"]) for r in cells} == {32.64}
     assert {float(r["queue_ms"]) for r in cells} == {1.002}
+
+
+def test_requests_that_start_together_come_in_one_order_in_every_format(tmp_path: Path) -> None:
+    """Ties at a nanosecond (requests of one batch, or a client's clock) are ordered by trace
+    and request id: an export reads the same twice, and in every format."""
+    conn = open_db(tmp_path / "t.duckdb")
+    rng = random.Random(3)
+    n = 3000
+    insert_requests(
+        conn,
+        {
+            "trace_id": [f"{rng.getrandbits(128):032x}" for _ in range(n)],
+            "request_id": [f"r{rng.randrange(5)}" for _ in range(n)],
+            "start_ns": [1_767_225_600 * 10**9 + i % 3 for i in range(n)],
+        },
+    )
+    expected = [
+        list(r)
+        for r in conn.execute(
+            "SELECT trace_id, request_id FROM requests ORDER BY start_ns, trace_id, request_id"
+        ).fetchall()
+    ]
+    stored = conn.execute("SELECT trace_id, request_id FROM requests").fetchall()
+    assert expected != [list(r) for r in stored]  # the ties are not already in that order
+    lines = [json.loads(x) for x in _export(conn, "jsonl", limit=None).decode().splitlines()]
+    assert [[r["trace_id"], r["request_id"]] for r in lines] == expected
+    cells = csv.DictReader(io.StringIO(_export(conn, "csv", limit=None).decode()))
+    assert [[r["trace_id"], r["request_id"]] for r in cells] == expected
+    table = pq.read_table(io.BytesIO(_export(conn, "parquet", limit=None)))
+    columns = table.select(["trace_id", "request_id"]).to_pydict().values()
+    assert [list(r) for r in zip(*columns, strict=True)] == expected
+    conn.close()
