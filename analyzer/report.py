@@ -254,17 +254,12 @@ def build_report(conn: duckdb.DuckDBPyConnection, filters: Filters | None = None
     cols, rows = run_query(conn, "latency_percentiles", filters)
     r |= dict(zip(cols, rows[0], strict=False))
     linear_from = _linear_from(conn, filters)
-    if (r["requests"] or 0) < linear_from:
-        covered = {}
+    ranges: list[Any] | None = latency_ranges(r, ranged)
+    if covered and (r["requests"] or 0) < linear_from:
+        # a window too small for passes ranges every column itself, the covered ones too
+        covered, ranges = {}, None
     r |= window_quantiles(
-        conn,
-        ctx.cte,
-        ctx.params,
-        LATENCY_COLUMNS,
-        QUANTILES,
-        linear_from,
-        latency_ranges(r, ranged) if covered or not catalog else None,
-        covered,
+        conn, ctx.cte, ctx.params, LATENCY_COLUMNS, QUANTILES, linear_from, ranges, covered
     )
     e2e_total = r["e2e_total"] or 0.0
     buckets: dict[str, Any] = {}
